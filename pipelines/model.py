@@ -1,0 +1,142 @@
+"""The bilinear language model: build, save and load.
+
+This is the one module that makes TransformerLens models, so it is also where the
+identity activation is registered: TransformerLens 3.9 has none, and a gated MLP with an
+identity activation is exactly a bilinear MLP, `W_out^T ((W_gate^T x) * (W_in^T x)) + b`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """The activation of a bilinear MLP: none at all."""
+    return x
+
+
+SUPPORTED_ACTIVATIONS["identity"] = identity
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a bilinear LM; everything else (RMS norm, rotary, gated MLP) is fixed."""
+
+    n_layers: int = 4  # transformer blocks
+    d_model: int = 128  # residual stream width
+    n_heads: int = 4  # attention heads per block
+    d_mlp: int = 512  # hidden width of each bilinear MLP
+    n_ctx: int = 128  # longest context the model is built for
+    d_vocab: int = 2048  # vocabulary size, taken from the tokenizer when training
+    seed: int = 0  # seed of the weight initialisation
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown model config fields: {sorted(unknown)}")
+        return cls(**data)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(n_layers=2, d_model=32, n_heads=2, d_mlp=64, n_ctx=64, d_vocab=512),
+    "demo": ModelConfig(n_layers=4, d_model=128, n_heads=4, d_mlp=512, n_ctx=128, d_vocab=1024),
+    "large": ModelConfig(n_layers=6, d_model=512, n_heads=8, d_mlp=2048, n_ctx=256, d_vocab=4096),
+}
+
+
+def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
+    """The TransformerLens config of a bilinear LM of shape `cfg`."""
+    if cfg.d_model % cfg.n_heads:
+        raise ValueError(f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
+    return HookedTransformerConfig(
+        n_layers=cfg.n_layers,
+        d_model=cfg.d_model,
+        n_heads=cfg.n_heads,
+        d_head=cfg.d_head,
+        d_mlp=cfg.d_mlp,
+        n_ctx=cfg.n_ctx,
+        d_vocab=cfg.d_vocab,
+        act_fn="identity",
+        gated_mlp=True,
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        rotary_dim=cfg.d_head,
+        rotary_base=10000,
+        seed=cfg.seed,
+        default_prepend_bos=False,
+        model_name="bilinear-lm",
+    )
+
+
+def build_model(cfg: ModelConfig) -> HookedTransformer:
+    """A freshly initialised bilinear LM."""
+    return HookedTransformer(hooked_config(cfg))
+
+
+def save_model(model: HookedTransformer, cfg: ModelConfig, directory: str | Path) -> None:
+    """Write `config.json` and `model.safetensors` (the tokenizer is saved by its owner).
+
+    Weights go to a temporary name first so that an interrupted save never leaves a
+    half-written checkpoint under the real name.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    tmp = directory / (WEIGHTS_FILE + ".tmp")
+    save_file(state, str(tmp))
+    tmp.replace(directory / WEIGHTS_FILE)
+    tmp = directory / (CONFIG_FILE + ".tmp")
+    tmp.write_text(json.dumps(cfg.to_json(), indent=2))
+    tmp.replace(directory / CONFIG_FILE)
+
+
+def load_config(directory: str | Path) -> ModelConfig:
+    path = Path(directory) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no model checkpoint at {directory}: {CONFIG_FILE} is missing")
+    try:
+        return ModelConfig.from_json(json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError, ValueError) as err:
+        raise ValueError(f"corrupt model config {path}: {err}") from err
+
+
+def load_model(directory: str | Path, device: str = "cpu") -> tuple[HookedTransformer, ModelConfig]:
+    """Load a checkpoint in our format; clear errors for missing or corrupt files."""
+    directory = Path(directory)
+    cfg = load_config(directory)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"no model checkpoint at {directory}: {WEIGHTS_FILE} is missing")
+    try:
+        state = load_file(str(weights), device=device)
+    except Exception as err:  # safetensors raises several types for a damaged file
+        raise ValueError(f"corrupt model weights {weights}: {err}") from err
+    model = build_model(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith(("IGNORE", ".mask"))]
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {weights} does not match its config: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    return model.to(device).eval(), cfg
