@@ -39,6 +39,7 @@ class ModelConfig:
     d_mlp: int = 512  # hidden width of each bilinear MLP
     n_ctx: int = 128  # longest context the model is built for
     d_vocab: int = 2048  # vocabulary size, taken from the tokenizer when training
+    eps: float = 1e-5  # added to mean(x^2) inside every RMS norm
     seed: int = 0  # seed of the weight initialisation
 
     @property
@@ -76,6 +77,7 @@ def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
         d_mlp=cfg.d_mlp,
         n_ctx=cfg.n_ctx,
         d_vocab=cfg.d_vocab,
+        eps=cfg.eps,
         act_fn="identity",
         gated_mlp=True,
         normalization_type="RMS",
@@ -90,7 +92,7 @@ def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
 
 def build_model(cfg: ModelConfig) -> HookedTransformer:
     """A freshly initialised bilinear LM."""
-    return HookedTransformer(hooked_config(cfg))
+    return HookedTransformer(hooked_config(cfg), move_to_device=False)
 
 
 def save_model(model: HookedTransformer, cfg: ModelConfig, directory: str | Path) -> None:
