@@ -8,6 +8,7 @@ identity activation is exactly a bilinear MLP, `W_out^T ((W_gate^T x) * (W_in^T 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -92,7 +93,11 @@ def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
 
 def build_model(cfg: ModelConfig) -> HookedTransformer:
     """A freshly initialised bilinear LM."""
-    return HookedTransformer(hooked_config(cfg), move_to_device=False)
+    # HookedTransformer warns that it goes away in TransformerLens 4; we pin 3.9 because
+    # sae-lens 6.54 needs it, so the warning says nothing the user can act on.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated")
+        return HookedTransformer(hooked_config(cfg), move_to_device=False)
 
 
 def save_model(model: HookedTransformer, cfg: ModelConfig, directory: str | Path) -> None:
@@ -134,7 +139,10 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[HookedTransf
     except Exception as err:  # safetensors raises several types for a damaged file
         raise ValueError(f"corrupt model weights {weights}: {err}") from err
     model = build_model(cfg)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shape mismatches
+        raise ValueError(f"checkpoint {weights} does not match its config: {err}") from err
     missing = [k for k in missing if not k.endswith(("IGNORE", ".mask"))]
     if missing or unexpected:
         raise ValueError(

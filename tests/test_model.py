@@ -1,0 +1,77 @@
+"""The bilinear LM: its MLP is exactly bilinear, it saves and loads, it can be hooked."""
+
+import json
+
+import pytest
+import torch
+
+from pipelines.model import PRESETS, ModelConfig, build_model, load_model, save_model
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    m = build_model(PRESETS["tiny"])
+    with torch.no_grad():  # nonzero biases so the constant term is exercised
+        for block in m.blocks:
+            block.mlp.b_in.normal_()
+            block.mlp.b_out.normal_()
+            block.ln2.w.uniform_(0.5, 1.5)
+    return m
+
+
+def test_mlp_is_exactly_bilinear(model):
+    tokens = torch.randint(0, PRESETS["tiny"].d_vocab, (3, 16))
+    _, cache = model.run_with_cache(tokens)
+    for layer, block in enumerate(model.blocks):
+        r = cache[f"blocks.{layer}.hook_resid_mid"]
+        x = r / torch.sqrt(r.pow(2).mean(-1, keepdim=True) + block.ln2.eps) * block.ln2.w
+        mlp = block.mlp
+        expected = ((x @ mlp.W_gate) * (x @ mlp.W_in)) @ mlp.W_out + (mlp.b_in @ mlp.W_out + mlp.b_out)
+        torch.testing.assert_close(cache[f"blocks.{layer}.hook_mlp_out"], expected, atol=1e-5, rtol=1e-5)
+        # the hook the pipeline reads for the MLP input, times the gain, is the same x
+        normalized = cache[f"blocks.{layer}.ln2.hook_normalized"]
+        torch.testing.assert_close(normalized * block.ln2.w, x, atol=1e-6, rtol=1e-6)
+
+
+def test_hook_points_exist(model):
+    hooks = set(model.hook_dict)
+    for layer in range(model.cfg.n_layers):
+        for name in ("hook_resid_mid", "hook_mlp_out", "ln2.hook_normalized", "hook_resid_pre"):
+            assert f"blocks.{layer}.{name}" in hooks
+
+
+def test_save_load_identical_logits(model, tmp_path):
+    tokens = torch.randint(0, PRESETS["tiny"].d_vocab, (2, 20))
+    save_model(model, PRESETS["tiny"], tmp_path)
+    loaded, cfg = load_model(tmp_path)
+    assert cfg == PRESETS["tiny"]
+    assert torch.equal(loaded(tokens), model.eval()(tokens))
+
+
+def test_missing_and_corrupt_checkpoints(model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(tmp_path)
+    save_model(model, PRESETS["tiny"], tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="corrupt model weights"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="corrupt model config"):
+        load_model(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"n_layers": 2, "bogus": 1}))
+    with pytest.raises(ValueError, match="bogus"):
+        load_model(tmp_path)
+
+
+def test_checkpoint_of_other_shape_is_refused(model, tmp_path):
+    save_model(model, PRESETS["tiny"], tmp_path)
+    other = ModelConfig(**{**PRESETS["tiny"].to_json(), "d_mlp": 96})
+    (tmp_path / "config.json").write_text(json.dumps(other.to_json()))
+    with pytest.raises(ValueError, match="does not match"):
+        load_model(tmp_path)
+
+
+def test_heads_must_divide_width():
+    with pytest.raises(ValueError, match="divisible"):
+        build_model(ModelConfig(d_model=30, n_heads=4))
