@@ -1,0 +1,197 @@
+"""The converter from the paper authors' published checkpoints to our format.
+
+A checkpoint is written in their layout with random weights, converted, loaded with
+`load_model`, and its logits are compared with a reference forward pass written here in
+plain torch straight from the published format's description (not from the converter).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from pipelines.convert import convert_checkpoint
+from pipelines.model import TOKENIZER_FILE, load_model
+
+N_LAYER, D_MODEL, N_HEAD, D_HIDDEN, VOCAB, N_CTX = 2, 32, 4, 64, 100, 32
+D_HEAD = D_MODEL // N_HEAD
+
+
+def published_config(**overrides) -> dict:
+    """An HF-style config as the authors' `Config.save_pretrained` writes it."""
+    config = dict(n_layer=N_LAYER, n_head=N_HEAD, d_model=D_MODEL, d_hidden=D_HIDDEN,
+                  n_ctx=N_CTX, bilinear=True, gate=None, bias=False, normalization=True,
+                  tokenizer="ts-4096", architectures=["Transformer"])
+    config.update(overrides)
+    return config
+
+
+def published_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random float32 weights named and shaped like the published checkpoints."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def linear(d_out: int, d_in: int) -> torch.Tensor:  # nn.Linear layout [out, in]
+        return torch.randn(d_out, d_in, generator=gen) / math.sqrt(d_in)
+
+    state = {
+        "transformer.wte.weight": torch.randn(VOCAB, D_MODEL, generator=gen),
+        "lm_head.weight": linear(VOCAB, D_MODEL),
+    }
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, D_HEAD, 2).float() / D_HEAD)
+    for i in range(N_LAYER):
+        h = f"transformer.h.{i}."
+        state[h + "attn.qkv.weight"] = linear(3 * D_MODEL, D_MODEL)
+        state[h + "attn.o.weight"] = linear(D_MODEL, D_MODEL)
+        state[h + "attn.rotary.inv_freq"] = inv_freq.clone()  # a persistent buffer in theirs
+        state[h + "mlp.w.weight"] = linear(2 * D_HIDDEN, D_MODEL)
+        state[h + "mlp.p.weight"] = linear(D_MODEL, D_HIDDEN)
+    return state
+
+
+def write_tokenizer(path: Path) -> None:
+    vocab = {f"w{i}": i for i in range(VOCAB - 1)} | {"[UNK]": VOCAB - 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+
+
+def write_published(directory: Path, state: dict, config: dict, *, fmt: str = "safetensors",
+                    tokenizer: bool = True) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    if fmt == "safetensors":
+        save_file(state, str(directory / "model.safetensors"))
+    else:
+        torch.save(state, directory / "pytorch_model.bin")
+    if tokenizer:
+        write_tokenizer(directory / TOKENIZER_FILE)
+    return directory
+
+
+# --------------------------------------------------------------- reference forward pass
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary over the full head: x [batch, head, seq, d_head]."""
+    seq, dh = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, dh, 2, dtype=x.dtype) / dh)
+    angles = torch.arange(seq, dtype=x.dtype)[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)  # [seq, d_head]
+    x1, x2 = x[..., : dh // 2], x[..., dh // 2 :]
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return x * angles.cos() + rotated * angles.sin()
+
+
+def reference_attention(x: torch.Tensor, qkv_w: torch.Tensor, o_w: torch.Tensor) -> torch.Tensor:
+    """Causal multi-head attention, x [batch, seq, d]; qkv rows are (3, n_head, d_head)."""
+    b, s, d = x.shape
+    qkv = (x @ qkv_w.T).reshape(b, s, 3, N_HEAD, D_HEAD).permute(2, 0, 3, 1, 4)
+    q, k, v = rotary(qkv[0]), rotary(qkv[1]), qkv[2]  # [batch, head, seq, d_head]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D_HEAD)
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    pattern = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+    z = (pattern @ v).transpose(1, 2).reshape(b, s, d)  # heads concatenated
+    return z @ o_w.T
+
+
+def reference_logits(state: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+    """The published model's forward pass in float64: tokens [batch, seq] -> logits."""
+    w = {k: v.double() for k, v in state.items()}
+    x = w["transformer.wte.weight"][tokens]
+    for i in range(N_LAYER):
+        h = f"transformer.h.{i}."
+        attn = reference_attention(rms_norm(x), w[h + "attn.qkv.weight"], w[h + "attn.o.weight"])
+        x = x + attn / math.sqrt(2 * N_LAYER)
+        left, right = (rms_norm(x) @ w[h + "mlp.w.weight"].T).chunk(2, dim=-1)
+        x = x + (left * right) @ w[h + "mlp.p.weight"].T
+    return rms_norm(x) @ w["lm_head.weight"].T
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch"])
+def test_converted_logits_match_reference(tmp_path, fmt):
+    state = published_weights()
+    src = write_published(tmp_path / "published", state, published_config(), fmt=fmt)
+    cfg = convert_checkpoint(src, tmp_path / "ours")
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx) == (
+        N_LAYER, D_MODEL, N_HEAD, D_HIDDEN, VOCAB, N_CTX)
+    assert cfg.eps == 1e-8
+    assert (tmp_path / "ours" / TOKENIZER_FILE).is_file()
+
+    model, loaded = load_model(tmp_path / "ours")
+    assert loaded == cfg
+    tokens = torch.randint(0, VOCAB, (3, N_CTX), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(tokens).double()
+    expected = reference_logits(state, tokens)
+    assert expected.std() > 0.3  # logits carry signal, so the tolerance below is meaningful
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_mlp_factors_keep_their_names(tmp_path):
+    """W (first half of mlp.w) is the gated factor: W_gate; V is W_in."""
+    state = published_weights()
+    convert_checkpoint(write_published(tmp_path / "p", state, published_config()), tmp_path / "o")
+    model, _ = load_model(tmp_path / "o")
+    w, v = state["transformer.h.1.mlp.w.weight"].chunk(2, dim=0)
+    torch.testing.assert_close(model.blocks[1].mlp.W_gate.detach(), w.T)
+    torch.testing.assert_close(model.blocks[1].mlp.W_in.detach(), v.T)
+
+
+def test_bias_checkpoint_is_refused(tmp_path):
+    src = write_published(tmp_path / "p", published_weights(), published_config(bias=True))
+    with pytest.raises(ValueError, match="bias=True"):
+        convert_checkpoint(src, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_tokenizer_is_taken_from_argument_or_refused(tmp_path):
+    src = write_published(tmp_path / "p", published_weights(), published_config(), tokenizer=False)
+    with pytest.raises(FileNotFoundError, match="ts-4096.*cannot be downloaded"):
+        convert_checkpoint(src, tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        convert_checkpoint(src, tmp_path / "o", tokenizer=tmp_path / "nope.json")
+
+    write_tokenizer(tmp_path / "tok.json")
+    convert_checkpoint(src, tmp_path / "o", tokenizer=tmp_path / "tok.json")
+    assert (tmp_path / "o" / TOKENIZER_FILE).read_bytes() == (tmp_path / "tok.json").read_bytes()
+
+
+def test_missing_parts_are_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        convert_checkpoint(tmp_path / "absent", tmp_path / "o")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="config.json is missing"):
+        convert_checkpoint(tmp_path / "empty", tmp_path / "o")
+    (tmp_path / "empty" / "config.json").write_text(json.dumps(published_config()))
+    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
+        convert_checkpoint(tmp_path / "empty", tmp_path / "o")
+
+
+def test_unknown_key_names_list_the_keys_found(tmp_path):
+    state = {k.replace(".attn.qkv.", ".attn.c_attn."): v for k, v in published_weights().items()}
+    src = write_published(tmp_path / "p", state, published_config())
+    with pytest.raises(KeyError, match=r"h\.0\.attn\.qkv\.weight.*transformer\.h\.0\.attn\.c_attn"):
+        convert_checkpoint(src, tmp_path / "o")
+
+
+def test_leftover_weights_are_refused(tmp_path):
+    """A tensor the converter would silently drop (here an MLP bias) is an error."""
+    state = published_weights()
+    state["transformer.h.0.mlp.w.bias"] = torch.zeros(2 * D_HIDDEN)
+    src = write_published(tmp_path / "p", state, published_config())
+    with pytest.raises(ValueError, match="mlp.w.bias"):
+        convert_checkpoint(src, tmp_path / "o")
