@@ -56,6 +56,9 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     print(f"model: {run.lm} ({cfg.n_layers} layers, d_model {cfg.d_model}, vocab {cfg.d_vocab})")
     print(f"held-out loss {summary['held_out_loss']:.3f} nats; unigram entropy "
           f"{summary['unigram_entropy']:.3f} nats; {summary['tokens_per_s']:,.0f} tokens/s")
+    if "negated_accuracy" in summary:
+        print(f"valence of the next sentiment word predicted right: plain "
+              f"{summary['plain_accuracy']:.1%}, after a negation {summary['negated_accuracy']:.1%}")
 
 
 def cmd_convert(args: argparse.Namespace) -> None:

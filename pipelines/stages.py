@@ -20,6 +20,7 @@ from pipelines.model import ModelConfig, load_config, load_model
 from pipelines.paths import RunPaths
 from pipelines.stories import StoryConfig
 from pipelines.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+from pipelines.valence import valence_accuracy
 
 HELD_OUT = 0.05  # share of packed rows kept out of LM training for its held-out loss
 
@@ -58,8 +59,8 @@ def ensure_lm(
 ) -> tuple[HookedTransformer, ModelConfig, dict]:
     """Train the run's LM (and its tokenizer) unless it is already trained with these configs.
 
-    Returns the model, its config and a summary with the held-out loss and the corpus's
-    unigram entropy.
+    Returns the model, its config and a summary with the held-out loss, the corpus's
+    unigram entropy and, on the built-in corpus, the valence accuracy after negations.
     """
     tok_file = run.lm / "tokenizer.json"
     if tok_file.is_file():
@@ -67,6 +68,7 @@ def ensure_lm(
     else:
         tok = train_tokenizer(load_corpus(corpus)["text"].astype(str), tok_cfg)
     model_cfg = ModelConfig(**{**asdict(model_cfg), "d_vocab": tok.get_vocab_size()})
+    train, held_out = token_rows(corpus, tok, model_cfg.n_ctx)
     if is_trained(run.lm):
         saved_train = json.loads((run.lm / TRAIN_CONFIG_FILE).read_text())
         if load_config(run.lm) != model_cfg or saved_train != asdict(train_cfg):
@@ -76,13 +78,13 @@ def ensure_lm(
             )
         model, _ = load_model(run.lm)
         log = pd.read_parquet(run.lm / "train_log.parquet")
-        train, _ = token_rows(corpus, tok, model_cfg.n_ctx)
     else:
-        train, held_out = token_rows(corpus, tok, model_cfg.n_ctx)
         model, log = train_lm(model_cfg, tok, train, held_out, train_cfg, run.lm)
     summary = {
         "held_out_loss": float(log["held_out_loss"].iloc[-1]),
         "unigram_entropy": unigram_entropy(train.tokens, model_cfg.d_vocab),
         "tokens_per_s": float(log["tokens_per_s"].median()),
     }
+    if "sentiment" in held_out.labels:
+        summary.update(valence_accuracy(model, held_out, tok))
     return model, model_cfg, summary
