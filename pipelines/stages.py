@@ -5,24 +5,36 @@ The command line and the demo call these; each takes a `RunPaths` and config dat
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
+import torch
 from tokenizers import Tokenizer
+from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.layer import CircuitConfig, analyse_layer, write_layer_tables
+from circuits.tables import has_table, read_table, write_table
+from circuits.weights import from_hooked_transformer, from_sae_lens
 from pipelines.corpus import load_corpus, write_story_corpus
 from pipelines.data import TokenRows, pack_corpus, split_rows
+from pipelines.features import FeatureConfig, feature_table
 from pipelines.lm_training import TRAIN_CONFIG_FILE, LMTrainConfig, is_trained, train_lm, unigram_entropy
 from pipelines.model import ModelConfig, load_config, load_model
 from pipelines.paths import RunPaths
 from pipelines.stories import StoryConfig
-from pipelines.tokenizer import TokenizerConfig, load_tokenizer, train_tokenizer
+from pipelines.tokenizer import BOS, TokenizerConfig, load_tokenizer, special_id, train_tokenizer
+from pipelines.train_saes import train_saes
+from sae.activations import iter_activations, keep_mask
+from sae.config import SAETrainConfig
+from sae.io import load_sae
 from pipelines.valence import valence_accuracy
 
 HELD_OUT = 0.05  # share of packed rows kept out of LM training for its held-out loss
+CIRCUIT_TABLES = ("interactions", "gates", "eigen", "lowrank")
 
 
 def ensure_corpus(run: RunPaths, cfg: StoryConfig) -> Path:
@@ -47,6 +59,13 @@ def corpus_source(run: RunPaths, corpus: str | None) -> str:
 
 def token_rows(corpus: str, tok: Tokenizer, n_ctx: int) -> tuple[TokenRows, TokenRows]:
     """The corpus tokenized and packed, split into (train, held-out) rows."""
+    return _packed(corpus, tok.to_str(), n_ctx)
+
+
+@functools.lru_cache(maxsize=2)
+def _packed(corpus: str, tok_json: str, n_ctx: int) -> tuple[TokenRows, TokenRows]:
+    # The demo runs every stage in one process: tokenize the corpus once, not per stage.
+    tok = Tokenizer.from_str(tok_json)
     return split_rows(pack_corpus(load_corpus(corpus), tok, n_ctx), HELD_OUT)
 
 
@@ -88,3 +107,83 @@ def ensure_lm(
     if "sentiment" in held_out.labels:
         summary.update(valence_accuracy(model, held_out, tok))
     return model, model_cfg, summary
+
+
+def ensure_saes(
+    run: RunPaths, model: HookedTransformer, tok: Tokenizer, corpus: str,
+    layers: list[int], sites: list[str], cfg: SAETrainConfig,
+) -> pd.DataFrame:
+    """Train every (layer, site) SAE not yet finished; returns all their metrics."""
+    train, _ = token_rows(corpus, tok, model.cfg.n_ctx)
+    return train_saes(model, train.tokens, run.root, layers, sites, cfg, bos_id=special_id(tok, BOS))
+
+
+def _done_marker(run: RunPaths, stage: str, layer: int) -> Path:
+    return run.tables / "_stages" / f"{stage}-layer{layer}.json"
+
+
+def _is_done(marker: Path, settings: dict) -> bool:
+    return marker.is_file() and json.loads(marker.read_text()) == settings
+
+
+def _mark_done(marker: Path, settings: dict) -> None:
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(settings, indent=2))
+
+
+def mlp_batches(model: HookedTransformer, rows: torch.Tensor, keep: torch.Tensor, layer: int, sae_out):
+    """(MLP input x [n, d_model], output SAE activations [n, d_sae]) per batch of rows."""
+    points = [(layer, "mlp_in"), (layer, "mlp_out")]
+    for acts in iter_activations(model, rows, points, keep=keep):
+        with torch.no_grad():
+            yield acts[(layer, "mlp_in")], sae_out.encode(acts[(layer, "mlp_out")])
+
+
+def ensure_circuits(
+    run: RunPaths, model: HookedTransformer, tok: Tokenizer, corpus: str,
+    layers: list[int], cfg: CircuitConfig, corr_rows: int = 1024,
+    sae_paths: dict[int, tuple[Path, Path]] | None = None,
+) -> list[int]:
+    """Circuit tables for each layer not yet done with these settings; returns those analysed.
+
+    `sae_paths[layer] = (input SAE, output SAE)` overrides the run's SAEs. Correlations use
+    up to `corr_rows` held-out rows of the corpus.
+    """
+    _, held_out = token_rows(corpus, tok, model.cfg.n_ctx)
+    rows = held_out.tokens[:corr_rows]
+    keep = keep_mask(rows, bos_id=special_id(tok, BOS))
+    analysed = []
+    for layer in tqdm(layers, desc="circuits", unit="layer"):
+        path_in, path_out = (sae_paths or {}).get(layer, (run.sae(layer, "resid_mid"), run.sae(layer, "mlp_out")))
+        settings = {"config": json.loads(cfg.to_json()), "corr_rows": len(rows),
+                    "sae_in": str(path_in), "sae_out": str(path_out)}
+        marker = _done_marker(run, "circuits", layer)
+        if _is_done(marker, settings) and all(has_table(run.tables, t, layer) for t in CIRCUIT_TABLES):
+            continue
+        sae_in, sae_out = load_sae(path_in, model=model), load_sae(path_out, model=model)
+        tables = analyse_layer(
+            from_hooked_transformer(model, layer), from_sae_lens(sae_in), from_sae_lens(sae_out),
+            mlp_batches(model, rows, keep, layer, sae_out), cfg, layer, progress=True,
+        )
+        write_layer_tables(tables, run.tables, layer)
+        _mark_done(marker, settings)
+        analysed.append(layer)
+    return analysed
+
+
+def ensure_features(
+    run: RunPaths, model: HookedTransformer, tok: Tokenizer, corpus: str,
+    layers: list[int], sites: list[str], cfg: FeatureConfig,
+) -> pd.DataFrame:
+    """The features table of every (layer, site) SAE, unless done with these settings."""
+    settings = {"config": cfg.to_json(), "sites": list(sites)}
+    todo = [l for l in layers if not (_is_done(_done_marker(run, "features", l), settings)
+                                      and has_table(run.tables, "features", l))]
+    if todo:
+        _, held_out = token_rows(corpus, tok, model.cfg.n_ctx)
+        saes = {(l, s): load_sae(run.sae(l, s), model=model) for l in todo for s in sites}
+        df = feature_table(model, tok, held_out, saes, cfg)
+        for layer in todo:
+            write_table(df[df["layer"] == layer], run.tables, "features", layer=layer)
+            _mark_done(_done_marker(run, "features", layer), settings)
+    return read_table(run.tables, "features")
