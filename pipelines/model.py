@@ -149,4 +149,4 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[HookedTransf
             f"checkpoint {weights} does not match its config: missing {missing[:5]}, "
             f"unexpected {unexpected[:5]}"
         )
-    return model.to(device).eval(), cfg
+    return model.to(device, print_details=False).eval(), cfg
