@@ -17,6 +17,65 @@ import pyarrow.parquet as pq
 
 PART_FILE = "part-0.parquet"
 
+# Circuit tables written per layer by `circuits.layer`. Feature indices are 0-based;
+# ranks are 1-based (rank 1 is the strongest). The constant coordinate of the input side
+# (z'_{n_in} = 1) is written as index -1: a `linear` term is (in_a=b, in_b=-1) and the
+# `constant` term is (in_a=-1, in_b=-1).
+INTERACTIONS_SCHEMA = pa.schema(
+    [
+        ("layer", pa.int64()),
+        ("out_feature", pa.int64()),
+        ("rank", pa.int64()),  # 1 = largest |coefficient| of this output feature and kind
+        ("in_a", pa.int64()),
+        ("in_b", pa.int64()),
+        ("kind", pa.string()),  # self | cross | linear | constant
+        ("coefficient", pa.float64()),  # multiplies z_a^2, z_a z_b, z_a or 1 respectively
+    ]
+)
+EIGEN_SCHEMA = pa.schema(
+    [
+        ("layer", pa.int64()),
+        ("out_feature", pa.int64()),
+        ("rank", pa.int64()),  # 1 = largest |eigenvalue|
+        ("eigenvalue", pa.float64()),
+    ]
+)
+LOWRANK_SCHEMA = pa.schema(
+    [
+        ("layer", pa.int64()),
+        ("out_feature", pa.int64()),
+        ("n_eigs", pa.int64()),  # r: eigenpairs in the approximation
+        ("n_active", pa.int64()),  # tokens where the feature is active
+        ("corr_active", pa.float64()),  # Pearson over active tokens; NaN if too few
+    ]
+)
+GATES_SCHEMA = pa.schema(
+    [
+        ("layer", pa.int64()),
+        ("out_feature", pa.int64()),
+        ("in_a", pa.int64()),
+        ("in_b", pa.int64()),  # in_a < in_b
+        ("and_score", pa.float64()),  # cross - |self_a| - |self_b|
+        ("self_a", pa.float64()),
+        ("self_b", pa.float64()),
+        ("cross", pa.float64()),  # coefficient of z_a z_b
+    ]
+)
+HOSVD_SCHEMA = pa.schema(
+    [
+        ("layer", pa.int64()),
+        ("component", pa.int64()),  # 0-based; the out_feature of the other tables
+        ("singular_value", pa.float64()),
+    ]
+)
+SCHEMAS = {
+    "interactions": INTERACTIONS_SCHEMA,
+    "eigen": EIGEN_SCHEMA,
+    "lowrank": LOWRANK_SCHEMA,
+    "gates": GATES_SCHEMA,
+    "hosvd": HOSVD_SCHEMA,
+}
+
 
 def table_path(root: str | Path, name: str, layer: int | None = None) -> Path:
     """Path of the one Parquet file of table `name` (for `layer`, if partitioned)."""

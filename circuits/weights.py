@@ -1,0 +1,116 @@
+"""The tensors circuit analysis reads: one bilinear MLP and the two SAEs around it.
+
+Conventions are TransformerLens's and sae-lens's, so weights can be lifted straight from a
+`HookedTransformer` and an sae-lens `SAE` (duck-typed: nothing here imports either package).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass
+class MLPWeights:
+    """One bilinear MLP and the RMS norm in front of it.
+
+    The MLP computes `((x @ W_gate) * (x @ W_in) + b_in) @ W_out + b_out` on its input
+    `x = g * r / sqrt(mean(r^2) + eps)`, where `r` is resid_mid.
+    """
+
+    W_gate: torch.Tensor  # [d_model, d_mlp]
+    W_in: torch.Tensor  # [d_model, d_mlp]
+    W_out: torch.Tensor  # [d_mlp, d_model]
+    b_in: torch.Tensor  # [d_mlp]
+    b_out: torch.Tensor  # [d_model]
+    g: torch.Tensor  # [d_model], gain of the RMS norm ln2 (ones when folded or absent)
+    eps: float  # added to mean(r^2) inside the RMS norm
+
+    def to(self, dtype: torch.dtype, device: torch.device | str | None = None) -> "MLPWeights":
+        return _cast(self, dtype, device)
+
+
+@dataclass
+class SAEWeights:
+    """A (TopK) SAE as sae-lens stores it.
+
+    Pre-activation: `(a - b_dec * apply_b_dec_to_input) @ W_enc + b_enc`;
+    reconstruction: `z @ W_dec + b_dec`.
+    """
+
+    W_enc: torch.Tensor  # [d_in, d_sae]
+    b_enc: torch.Tensor  # [d_sae]
+    W_dec: torch.Tensor  # [d_sae, d_in]
+    b_dec: torch.Tensor  # [d_in]
+    apply_b_dec_to_input: bool
+
+    @property
+    def d_sae(self) -> int:
+        return self.W_enc.shape[1]
+
+    def to(self, dtype: torch.dtype, device: torch.device | str | None = None) -> "SAEWeights":
+        return _cast(self, dtype, device)
+
+
+def _cast(weights, dtype, device):
+    changes = {
+        f.name: getattr(weights, f.name).detach().to(device=device, dtype=dtype)
+        for f in fields(weights)
+        if isinstance(getattr(weights, f.name), torch.Tensor)
+    }
+    return replace(weights, **changes)
+
+
+def from_hooked_transformer(model, layer: int) -> MLPWeights:
+    """The MLP of block `layer` of a TransformerLens `HookedTransformer`.
+
+    Refuses models whose MLP is not bilinear (no gate, or a nonlinear activation) and
+    models with LayerNorm, whose mean subtraction the quadratic form does not include.
+    """
+    cfg = model.cfg
+    if not cfg.gated_mlp or cfg.act_fn != "identity":
+        raise ValueError(
+            f"layer {layer} is not a bilinear MLP: gated_mlp={cfg.gated_mlp}, act_fn={cfg.act_fn!r}"
+            " (need gated_mlp=True and act_fn='identity')"
+        )
+    if cfg.normalization_type not in ("RMS", "RMSPre"):
+        raise ValueError(f"unsupported normalization {cfg.normalization_type!r}: need RMS norm")
+    block = model.blocks[layer]
+    mlp = block.mlp
+    gain = getattr(block.ln2, "w", None)
+    if gain is None:
+        gain = torch.ones_like(mlp.b_out)
+    return MLPWeights(
+        W_gate=mlp.W_gate.detach(),
+        W_in=mlp.W_in.detach(),
+        W_out=mlp.W_out.detach(),
+        b_in=mlp.b_in.detach(),
+        b_out=mlp.b_out.detach(),
+        g=gain.detach(),
+        eps=float(cfg.eps),
+    )
+
+
+def from_sae_lens(sae) -> SAEWeights:
+    """The weights of an sae-lens SAE.
+
+    A TopK SAE trained with `rescale_acts_by_decoder_norm` scales its pre-activations by the
+    decoder row norms and divides them out again before decoding; that is folded into the
+    encoder and decoder here so that the plain formulas of `SAEWeights` hold.
+    """
+    cfg = sae.cfg
+    norm = getattr(cfg, "normalize_activations", "none")
+    if norm not in ("none", None):
+        raise ValueError(f"SAE normalises its inputs ({norm!r}); fold the normalisation first")
+    W_enc, b_enc, W_dec = sae.W_enc.detach(), sae.b_enc.detach(), sae.W_dec.detach()
+    if getattr(cfg, "rescale_acts_by_decoder_norm", False):
+        scale = W_dec.norm(dim=-1)
+        W_enc, b_enc, W_dec = W_enc * scale, b_enc * scale, W_dec / scale[:, None]
+    return SAEWeights(
+        W_enc=W_enc,
+        b_enc=b_enc,
+        W_dec=W_dec,
+        b_dec=sae.b_dec.detach(),
+        apply_b_dec_to_input=bool(cfg.apply_b_dec_to_input),
+    )
