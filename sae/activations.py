@@ -1,0 +1,112 @@
+"""Collect activations at several (layer, site) points with one model pass per batch.
+
+Hooks record the activations while the model runs only as deep as the deepest point needs
+(`stop_at_layer`), so neither later blocks nor the unembedding are computed. Positions can
+be left out (BOS, padding, or any mask); what comes back is token-level: one row per kept
+position, rows ordered by sequence and then by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from transformer_lens import HookedTransformer
+
+from sae.sites import Point, check_points, hook_name
+
+
+def keep_mask(
+    tokens: torch.Tensor,
+    bos_id: int | None = None,
+    pad_id: int | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Positions to keep, BoolTensor `[n_seq, n_ctx]`: not BOS, not padding, and in `mask`.
+
+    BOS positions are dropped because their activations are outliers (an attention sink)
+    that would dominate an SAE's reconstruction loss. Padding is assumed to sit on the
+    right of a row, so that in a causal model no kept position ever attends to it.
+    """
+    check_tokens(tokens)
+    keep = torch.ones_like(tokens, dtype=torch.bool)
+    if bos_id is not None:
+        keep &= tokens != bos_id
+    if pad_id is not None:
+        keep &= tokens != pad_id
+    if mask is not None:
+        if mask.shape != tokens.shape:
+            raise ValueError(f"mask has shape {tuple(mask.shape)} but tokens have {tuple(tokens.shape)}")
+        keep &= mask.to(device=tokens.device, dtype=torch.bool)
+    return keep
+
+
+def check_tokens(tokens: torch.Tensor, model: HookedTransformer | None = None) -> None:
+    """Raise ValueError unless `tokens` is a LongTensor `[n_seq, n_ctx]` the model accepts."""
+    if tokens.ndim != 2 or tokens.dtype != torch.long:
+        raise ValueError(f"tokens must be a LongTensor [n_seq, n_ctx], got {tokens.dtype} {tuple(tokens.shape)}")
+    if model is None:
+        return
+    if tokens.shape[1] > model.cfg.n_ctx:
+        raise ValueError(f"rows of {tokens.shape[1]} tokens exceed the model's context of {model.cfg.n_ctx}")
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= model.cfg.d_vocab):
+        raise ValueError(f"token ids must lie in [0, {model.cfg.d_vocab}) for this model")
+
+
+def mlp_input(model: HookedTransformer, layer: int, normalized: torch.Tensor) -> torch.Tensor:
+    """The MLP input `[..., d_model]` from `ln2.hook_normalized`: times the norm's gain, if any.
+
+    A model whose norm gains were folded into the MLP weights has no `ln2.w`; its
+    normalized value is then already what the MLP multiplies.
+    """
+    gain = getattr(model.blocks[layer].ln2, "w", None)
+    return normalized if gain is None else normalized * gain
+
+
+@torch.no_grad()
+def iter_activations(
+    model: HookedTransformer,
+    tokens: torch.Tensor,
+    points: list[Point],
+    keep: torch.Tensor | None = None,
+    batch_seqs: int = 32,
+) -> Iterator[dict[Point, torch.Tensor]]:
+    """For each batch of `batch_seqs` rows, the kept activations at every point.
+
+    tokens: `[n_seq, n_ctx]`; keep: `[n_seq, n_ctx]` bool (default all). Yields
+    `{point: [n_kept_in_batch, d_model]}` on the model's device; batches with nothing kept
+    are skipped.
+    """
+    check_points(model, points)
+    check_tokens(tokens, model)
+    if keep is None:
+        keep = torch.ones_like(tokens, dtype=torch.bool)
+    if keep.shape != tokens.shape:
+        raise ValueError(f"keep has shape {tuple(keep.shape)} but tokens have {tuple(tokens.shape)}")
+    device = model.cfg.device
+    stop = max(layer for layer, _ in points) + 1
+    for start in range(0, tokens.shape[0], batch_seqs):
+        rows = keep[start : start + batch_seqs].to(device)
+        if not rows.any():
+            continue
+        found: dict[Point, torch.Tensor] = {}
+        hooks = [(hook_name(*point), _recorder(model, point, rows, found)) for point in points]
+        model.run_with_hooks(
+            tokens[start : start + batch_seqs].to(device),
+            fwd_hooks=hooks,
+            stop_at_layer=stop,
+            return_type=None,
+        )
+        yield found
+
+
+def _recorder(model: HookedTransformer, point: Point, rows: torch.Tensor, found: dict):
+    """A forward hook that stores the kept positions of its activation in `found[point]`."""
+    layer, site = point
+
+    def hook(act: torch.Tensor, hook) -> None:  # act: [batch, pos, d_model]
+        if site == "mlp_in":
+            act = mlp_input(model, layer, act)
+        found[point] = act[rows]  # boolean indexing copies: [n_kept, d_model]
+
+    return hook

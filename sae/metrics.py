@@ -1,0 +1,134 @@
+"""How good an SAE is: reconstruction (NMSE), sparsity (L0, dead latents), and loss added
+when its reconstruction replaces the activation inside the model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from sae_lens import SAE
+from transformer_lens import HookedTransformer
+
+from sae.activations import check_tokens
+from sae.io import check_sae_fits
+from sae.sites import SAE_SITES, hook_name
+
+
+@dataclass(frozen=True)
+class SAEMetrics:
+    """Evaluation of one SAE on held-out tokens."""
+
+    nmse: float  # sum ||x - x_hat||^2 / sum ||x - mean(x)||^2 over eval tokens (1 - explained variance)
+    l0: float  # mean number of active latents per token
+    dead_fraction: float  # share of latents that never fired on the eval tokens
+    loss_clean: float  # next-token cross-entropy of the model as is (nats)
+    loss_patched: float  # the same with the SAE's reconstruction spliced in at its hook
+    loss_added: float  # (loss_patched - loss_clean) / loss_clean
+    eval_tokens: int  # kept positions the reconstruction metrics average over
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def evaluate_sae(
+    model: HookedTransformer,
+    sae: SAE,
+    tokens: torch.Tensor,
+    layer: int,
+    site: str,
+    keep: torch.Tensor | None = None,
+    batch_seqs: int = 32,
+) -> SAEMetrics:
+    """Metrics of `sae` at (`layer`, `site`) on `tokens` `[n_seq, n_ctx]`.
+
+    Only kept positions (`keep` `[n_seq, n_ctx]`, default all) are reconstructed and spliced;
+    the others keep their real activation (BOS, for one, is never spliced: the SAE did not
+    train on it). NMSE is normalised by the total variance of the activations around their
+    mean over the kept eval tokens, `sum_t ||x_t - mean||^2`, not by their raw squared norm,
+    so a constant offset earns no credit. The losses average over positions `t` that are kept
+    and whose target `t + 1` is kept, the predictions the splice can change.
+    """
+    if site not in SAE_SITES:
+        raise ValueError(f"unknown SAE site {site!r}; SAEs are evaluated at {', '.join(SAE_SITES)}")
+    hook = hook_name(layer, site)
+    check_sae_fits(model, sae, hook)
+    check_tokens(tokens, model)
+    keep = torch.ones_like(tokens, dtype=torch.bool) if keep is None else keep.bool()
+    stats = _ReconstructionStats(sae.cfg.d_in, sae.cfg.d_sae)
+    loss_sums = torch.zeros(2, dtype=torch.float64)  # clean, patched
+    n_loss = 0
+    device = model.cfg.device
+    for start in range(0, tokens.shape[0], batch_seqs):
+        batch = tokens[start : start + batch_seqs].to(device)
+        rows = keep[start : start + batch_seqs].to(device)
+        if not rows.any():
+            continue
+
+        def splice(act: torch.Tensor, hook) -> torch.Tensor:  # act: [batch, pos, d_in]
+            x = act[rows]
+            feats = sae.encode(x.to(sae.device))
+            x_hat = sae.decode(feats)
+            stats.add(x, x_hat, feats)
+            act = act.clone()
+            act[rows] = x_hat.to(act.device, act.dtype)
+            return act
+
+        scored = rows[:, :-1] & rows[:, 1:]  # [batch, pos - 1]
+        clean = model(batch)
+        patched = model.run_with_hooks(batch, fwd_hooks=[(hook, splice)])
+        for i, logits in enumerate((clean, patched)):
+            loss_sums[i] += token_losses(logits, batch)[scored].double().sum().cpu()
+        n_loss += int(scored.sum())
+    if stats.n == 0 or n_loss == 0:
+        raise ValueError("no evaluation tokens: every position was masked out")
+    loss_clean, loss_patched = (loss_sums / n_loss).tolist()
+    return SAEMetrics(
+        nmse=stats.nmse(),
+        l0=stats.l0(),
+        dead_fraction=stats.dead_fraction(),
+        loss_clean=loss_clean,
+        loss_patched=loss_patched,
+        loss_added=(loss_patched - loss_clean) / loss_clean,
+        eval_tokens=stats.n,
+    )
+
+
+def token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy `[batch, pos - 1]` of logits `[batch, pos, vocab]`."""
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none")
+
+
+class _ReconstructionStats:
+    """Running sums for NMSE, L0 and dead latents over batches of tokens (float64)."""
+
+    def __init__(self, d_in: int, d_sae: int) -> None:
+        self.n = 0
+        self.sse = 0.0
+        self.sum_x = torch.zeros(d_in, dtype=torch.float64)
+        self.sum_sq = 0.0
+        self.active = 0
+        self.fired = torch.zeros(d_sae, dtype=torch.bool)
+
+    def add(self, x: torch.Tensor, x_hat: torch.Tensor, feats: torch.Tensor) -> None:
+        """x, x_hat: `[n, d_in]`; feats: `[n, d_sae]`."""
+        x, x_hat = x.double().cpu(), x_hat.double().cpu()
+        self.n += x.shape[0]
+        self.sse += float((x - x_hat).pow(2).sum())
+        self.sum_x += x.sum(0)
+        self.sum_sq += float(x.pow(2).sum())
+        on = (feats > 0).cpu()
+        self.active += int(on.sum())
+        self.fired |= on.any(0)
+
+    def nmse(self) -> float:
+        # sum ||x - mean||^2 = sum ||x||^2 - n ||mean||^2
+        variance = self.sum_sq - float(self.sum_x.pow(2).sum()) / self.n
+        return self.sse / variance
+
+    def l0(self) -> float:
+        return self.active / self.n
+
+    def dead_fraction(self) -> float:
+        return 1.0 - float(self.fired.float().mean())

@@ -1,0 +1,120 @@
+"""SAE metrics against hand-written references: a manual splice, plain-torch NMSE, L0, dead."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipelines.model import PRESETS, build_model
+from sae.activations import keep_mask
+from sae.config import SAETrainConfig
+from sae.io import check_sae_fits
+from sae.metrics import evaluate_sae
+from sae.train import build_sae
+
+BOS, PAD = 0, 1
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_model(PRESETS["tiny"]).eval()
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(2, 512, (10, 64), generator=g)
+    tokens[:, 0] = BOS
+    tokens[3, 30:] = PAD
+    tokens[7, 50:] = PAD
+    return tokens
+
+
+def make_sae(d_in: int = 32, k: int = 4, seed: int = 0):
+    """A random TopK SAE whose bias and first 10 latents make the metrics non-trivial."""
+    sae = build_sae(d_in, SAETrainConfig(k=k, train_tokens=4096, batch_size=512, seed=seed).resolve(d_in))
+    with torch.no_grad():
+        sae.b_dec.normal_(0, 0.1)
+        sae.W_enc[:, :10] = 0  # pre-activation 0: these latents can never fire
+    return sae.eval()
+
+
+def manual_reconstruction(sae, x: torch.Tensor):
+    """TopK SAE written out from its weights: (latents `[n, d_sae]`, reconstruction `[n, d]`)."""
+    pre = (x - sae.b_dec) @ sae.W_enc + sae.b_enc
+    top = pre.topk(sae.cfg.k, dim=-1)
+    latents = torch.zeros_like(pre).scatter(-1, top.indices, top.values.clamp_min(0))
+    return latents, latents @ sae.W_dec + sae.b_dec
+
+
+def cross_entropy(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Per-position next-token loss `[batch, pos - 1]` from log-softmax, by hand."""
+    logp = logits[:, :-1].log_softmax(-1)
+    return -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("site", ["resid_mid", "mlp_out"])
+def test_metrics_match_a_manual_splice(model, tokens, site):
+    sae = make_sae()
+    keep = keep_mask(tokens, bos_id=BOS, pad_id=PAD)
+    hook = f"blocks.1.hook_{site}"
+    with torch.no_grad():
+        got = evaluate_sae(model, sae, tokens, 1, site, keep, batch_seqs=3)
+
+        _, cache = model.run_with_cache(tokens)
+        x = cache[hook][keep]
+        latents, x_hat = manual_reconstruction(sae, x)
+
+        def replace(act, hook):
+            act = act.clone()
+            act[keep] = x_hat
+            return act
+
+        clean = model(tokens)
+        patched = model.run_with_hooks(tokens, fwd_hooks=[(hook, replace)])
+    scored = keep[:, :-1] & keep[:, 1:]
+    loss_clean = cross_entropy(clean, tokens)[scored].mean().item()
+    loss_patched = cross_entropy(patched, tokens)[scored].mean().item()
+    assert got.loss_clean == pytest.approx(loss_clean, rel=1e-5)
+    assert got.loss_patched == pytest.approx(loss_patched, rel=1e-5)
+    assert got.loss_added == pytest.approx((loss_patched - loss_clean) / loss_clean, rel=1e-3, abs=1e-6)
+    assert abs(got.loss_added) > 1e-3  # the splice really changed the model
+
+    nmse = ((x - x_hat) ** 2).sum() / ((x - x.mean(0)) ** 2).sum()
+    assert got.nmse == pytest.approx(nmse.item(), rel=1e-4)
+    assert got.l0 == pytest.approx((latents > 0).sum(1).float().mean().item())
+    dead = 1 - (latents > 0).any(0).float().mean().item()
+    assert got.dead_fraction == pytest.approx(dead)
+    assert got.dead_fraction >= 10 / 128
+    assert got.eval_tokens == int(keep.sum())
+
+
+def test_a_perfect_reconstruction_adds_no_loss(model, tokens):
+    """An SAE that reconstructs exactly (identity dictionary, k = d) gives NMSE 0, loss added 0."""
+    sae = build_sae(32, SAETrainConfig(expansion=1, k=32, train_tokens=512, batch_size=512).resolve(32))
+    with torch.no_grad():
+        sae.W_enc.copy_(torch.eye(32) * 1e3)  # every latent positive once x - b_dec is shifted
+        sae.W_dec.copy_(torch.eye(32) * 1e-3)
+        sae.b_dec.fill_(-100.0)
+    got = evaluate_sae(model, sae, tokens, 0, "resid_mid", keep_mask(tokens, bos_id=BOS))
+    assert got.nmse == pytest.approx(0, abs=1e-8)
+    assert got.loss_added == pytest.approx(0, abs=1e-6)
+    assert got.l0 == 32 and got.dead_fraction == 0
+
+
+def test_dimension_mismatch_is_refused(model, tokens):
+    sae = make_sae(d_in=16)
+    with pytest.raises(ValueError, match="dimension mismatch.*d_in=16.*d_model=32"):
+        evaluate_sae(model, sae, tokens, 0, "mlp_out")
+
+
+def test_unknown_site_or_hook_is_refused(model, tokens):
+    sae = make_sae()
+    with pytest.raises(ValueError, match="unknown SAE site 'mlp_in'"):
+        evaluate_sae(model, sae, tokens, 0, "mlp_in")
+    with pytest.raises(ValueError, match="unknown hook"):
+        check_sae_fits(model, sae, "blocks.0.hook_mlp_outt")
+    sae.cfg.metadata.hook_name = "blocks.9.hook_mlp_out"
+    with pytest.raises(ValueError, match="unknown hook 'blocks.9.hook_mlp_out'"):
+        check_sae_fits(model, sae)
