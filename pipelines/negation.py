@@ -1,7 +1,7 @@
 """Find negation AND-gates among the top gate candidates, judged by the corpus's ground truth.
 
-A candidate is a negation gate when, for its output feature's top cross interaction, one
-input feature fires mostly on negation cues, the other mostly in contexts of one valence,
+A candidate is a negation gate when, for its output feature's best gate pair, one
+input feature fires mostly within negations (cue up to the flipped word), the other mostly in contexts of one valence,
 and the output feature pushes the logits towards sentiment words of the other valence.
 Nothing is hand-picked: the candidates are the gates table's best `and_score`s.
 """
@@ -16,9 +16,14 @@ BOOST_SD = 1.0  # least |valence_boost| (sd) for an output feature that predicts
 
 
 def top_gates(gates: pd.DataFrame, n: int) -> pd.DataFrame:
-    """The `n` best gate candidates over all layers: each output feature's best pair."""
+    """The `n` best gate candidates of each layer: each output feature's best pair.
+
+    Per layer, because coefficient scales differ between layers: a global ranking would
+    show only the layer with the largest weights.
+    """
     best = gates.sort_values("and_score", ascending=False).drop_duplicates(["layer", "out_feature"])
-    return best.head(n).reset_index(drop=True)
+    return best.groupby("layer", sort=True).head(n).sort_values(
+        ["layer", "and_score"], ascending=[True, False]).reset_index(drop=True)
 
 
 def _valence(row: pd.Series) -> int:
@@ -40,7 +45,9 @@ def label_gates(candidates: pd.DataFrame, features: pd.DataFrame) -> pd.DataFram
         out = outputs.loc[(g.layer, g.out_feature)]
         verdict, context = False, 0
         for neg, ctx in ((a, b), (b, a)):
-            if neg.get("share_negation", 0) >= NEGATION_SHARE and _valence(ctx) != 0:
+            # the context input must not itself be a negation feature: the roles are distinct
+            if (neg.get("share_negation", 0) >= NEGATION_SHARE
+                    and ctx.get("share_negation", 0) < NEGATION_SHARE and _valence(ctx) != 0):
                 context = _valence(ctx)
                 boost = out.get("valence_boost", float("nan"))
                 verdict = boost * context <= -BOOST_SD  # predicts the other valence

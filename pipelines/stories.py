@@ -7,8 +7,8 @@ ones take a sentiment word of the opposite valence ("she was not sad"). So the w
 negation can be predicted only from the negation AND the context's valence, the structure
 a bilinear MLP can compute as a product of two features.
 
-Each story comes with character-level ground truth: where each negation cue and each
-sentiment word is, and which valence the context has from each point on. `token_labels`
+Each story comes with character-level ground truth: where each negation's scope (from the
+cue up to the word it flips: "not", "did not feel") and each sentiment word is, and which valence the context has from each point on. `token_labels`
 in `pipelines/data.py` turns it into per-token labels.
 """
 
@@ -118,7 +118,7 @@ class Story:
     """One story with its ground truth, as character spans into `text`."""
 
     text: str
-    negation_spans: list[tuple[int, int]] = field(default_factory=list)  # negation cues
+    negation_spans: list[tuple[int, int]] = field(default_factory=list)  # cue up to the flipped word
     sentiment_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, ±1)
     context_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, ±1)
 
@@ -137,14 +137,17 @@ class _Writer:
             self._emit(" ")
         pieces = template.split("{")
         self._emit(pieces[0])
+        negation_start = None
         for piece in pieces[1:]:
             key, rest = piece.split("}", 1)
             if key.startswith("neg:"):
-                start = self.length
+                negation_start = self.length
                 self._emit(key[4:])
-                self.story.negation_spans.append((start, self.length))
             elif key == "sent":
                 start = self.length
+                if negation_start is not None:
+                    # the scope runs from the cue to the word it flips ("did not feel")
+                    self.story.negation_spans.append((negation_start, start - 1))
                 self._emit(slots["sent"])
                 self.story.sentiment_spans.append((start, self.length, sentiment))
             else:

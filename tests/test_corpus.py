@@ -11,7 +11,7 @@ from pipelines.data import pack_corpus, split_rows
 from pipelines.stories import NEGATIVE, POSITIVE, StoryConfig, generate_stories
 from pipelines.tokenizer import BOS, EOS, TokenizerConfig, train_tokenizer
 
-NEGATION_CUES = {"not", "never", "wasn't", "didn't", "did not"}
+NEGATION_SCOPES = {"not", "never", "wasn't", "didn't feel", "did not feel"}
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +50,12 @@ def test_negation_flips_valence_and_plain_agrees(stories):
     assert 0.35 < counts["negated"] / total < 0.65  # both kinds are common
 
 
-def test_negation_spans_are_cues(stories):
+def test_negation_spans_run_from_cue_to_flipped_word(stories):
     for s in stories[:300]:
+        words = {a: b for a, b, _ in s.sentiment_spans}
         for a, b in s.negation_spans:
-            assert s.text[a:b] in NEGATION_CUES
+            assert s.text[a:b] in NEGATION_SCOPES
+            assert b + 1 in words  # the flipped word follows after one space
 
 
 def test_contexts_of_both_valences(stories):
@@ -110,7 +112,7 @@ def test_packing_and_token_labels(stories, tokenizer):
     for i, row in enumerate(words):
         for j, w in enumerate(row):
             if neg[i, j]:
-                assert w in {"not", "never", "wasn", "'", "t", "didn", "did"}
+                assert w in {"not", "never", "wasn", "'", "t", "didn", "did", "feel"}
             if sent[i, j] == 1:
                 assert w in POSITIVE
             if sent[i, j] == -1:
