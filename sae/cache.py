@@ -34,6 +34,7 @@ from sae.config import CACHE_DTYPES
 from sae.sites import Point, point_name
 
 MANIFEST = "manifest.json"
+SHARD_NAME = "shard-{:05d}.safetensors"
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,12 @@ class ActivationCache:
         if not manifest.is_file():
             return None
         data = json.loads(manifest.read_text())
-        points = tuple((int(l), s) for l, s in data["points"] if (directory / point_name((l, s))).is_dir())
+        listed = [(int(layer), site) for layer, site in data["points"]]
+        points = tuple(point for point in listed if (directory / point_name(point)).is_dir())
         return cls(directory, points, data["n_tokens"], tuple(data["shard_rows"]), data["fingerprint"])
 
     def shard_path(self, point: Point, index: int) -> Path:
-        return self.directory / point_name(point) / f"shard-{index:05d}.safetensors"
+        return self.directory / point_name(point) / SHARD_NAME.format(index)
 
     def batches(self, point: Point, batch_size: int, buffer_tokens: int, seed: int = 0) -> Iterator[torch.Tensor]:
         """One pass over the point's rows in shuffled batches `[batch_size, d_model]` (float32).
@@ -164,5 +166,6 @@ def _write_shard(folder: Path, pending: dict[Point, list[torch.Tensor]], index: 
     perm = torch.randperm(rows, generator=generator)
     for point, chunks in pending.items():
         acts = torch.cat(chunks)
-        save_file({"acts": acts[:rows][perm].contiguous()}, folder / point_name(point) / f"shard-{index:05d}.safetensors")
+        path = folder / point_name(point) / SHARD_NAME.format(index)
+        save_file({"acts": acts[:rows][perm].contiguous()}, path)
         chunks[:] = [acts[rows:]]

@@ -13,7 +13,10 @@ get scaled values when a field is left at None (see `resolve`):
   random walk, so the second keeps the distance a short run can travel.
 
 Tokens are not scaled automatically: pass what the corpus and the machine allow (the paper's
-150M is about 73k tokens per latent; 2M trains a d_model 128 SAE on CPU in minutes).
+150M is about 73k tokens per latent; 2M train a d_model 128 SAE in one to three minutes on
+two busy CPU cores). The activation cache takes points x tokens x d_model x dtype bytes of
+disk at once (8 points of 2M tokens at d_model 128 in float32: 8 GB); `points_per_pass` and
+`cache_dtype` bound it.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class SAETrainConfig:
     buffer_tokens: int = 262144  # shuffle buffer while training, in rows (sae-lens mixing buffer)
     cache_dtype: str = "float32"  # dtype of cached activations: float32, float16 or bfloat16
     keep_activations: bool = False  # keep a point's cached activations after its SAE is finished
-    points_per_pass: int | None = None  # points cached per model pass (None: all); disk ~ points x tokens x d_model x dtype
+    points_per_pass: int | None = None  # points cached per model pass (None: all); bounds disk use
     seed: int = 0  # seeds the SAE initialisation, the shard shuffle and the batch order
     device: str = "cpu"  # where the SAE trains
 
