@@ -52,7 +52,9 @@ def random_batches(n_tokens: int, batch: int, d: int, n_out: int, k: int, gen: t
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--d-hidden", type=int, default=2048)
     p.add_argument("--n-in", type=int, default=2048, help="input SAE features")
@@ -93,7 +95,8 @@ def main() -> None:
     print(f"{'total wall':>22s} {total:8.1f} s")
     print(f"{'total CPU (user+sys)':>22s} {cpu:8.1f} s")
     print(f"{'load average':>22s} {load_before:8.2f} before, {os.getloadavg()[0]:.2f} after")
-    print(f"{'peak memory':>22s} {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:8.2f} GiB")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    print(f"{'peak memory':>22s} {peak:8.2f} GiB")
     print("rows:", {name: len(df) for name, df in tables.items()})
 
 

@@ -49,7 +49,10 @@ class TopInteractions:
 
 @dataclass
 class TopGates:
-    """Per output feature of a chunk, the pairs b < c with the best AND-gate score. Each `[c, G]`."""
+    """Per output feature of a chunk, the pairs b < c with the best AND-gate score.
+
+    Each `[c, G]`, sorted by `and_score` descending.
+    """
 
     in_a: torch.Tensor  # long, b
     in_b: torch.Tensor  # long, c > b
@@ -88,11 +91,12 @@ def interactions_and_gates(
     starts = range(0, n_in, block_size)
     for r0 in starts:
         r1 = min(r0 + block_size, n_in)
-        rows = MQ[:, r0:r1].reshape(-1, MQ.shape[-1])  # copied once, then one plain product per block
+        # copied once here, so that each block below is one plain matrix product
+        rows = MQ[:, r0:r1].reshape(-1, MQ.shape[-1])
         for s0 in starts[r0 // block_size :]:
             s1 = min(s0 + block_size, n_in)
             block = (rows @ basis[:, s0:s1]).view(c, r1 - r0, s1 - s0)  # Qt[r0:r1, s0:s1]
-            below = _on_or_below_diagonal(r1 - r0, s1 - s0, r0 - s0, Q.device) if r0 == s0 else None
+            below = _on_or_below_diagonal(r1 - r0, Q.device) if r0 == s0 else None
             cross_parts.append(_block_top_cross(block, below, top_n, r0, s0))
             gate_parts.append(_block_top_gates(block, below, half_abs_self, n_gates, r0, s0))
 
@@ -102,9 +106,9 @@ def interactions_and_gates(
     return interactions, gates
 
 
-def _on_or_below_diagonal(n_rows: int, n_cols: int, offset: int, device) -> torch.Tensor:
-    """Mask of entries (i, j) of a block with `i + offset >= j`: not in the strict upper triangle."""
-    return torch.ones(n_rows, n_cols, dtype=torch.bool, device=device).tril(offset)
+def _on_or_below_diagonal(n: int, device) -> torch.Tensor:
+    """Mask of the entries (i, j) with `i >= j` of an `n x n` block on the diagonal of Qt."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
 def _top_entries(block: torch.Tensor, row_key: torch.Tensor, k: int, score_rows) -> tuple:
@@ -124,7 +128,7 @@ def _top_entries(block: torch.Tensor, row_key: torch.Tensor, k: int, score_rows)
 
 
 def _block_top_cross(block, below, k, r0, s0):
-    """Best cross terms of one block, by |Qt[b,c]|; entries with b >= c are zeroed (dropped later)."""
+    """Best cross terms of one block by |Qt[b,c]|; entries with b >= c are zeroed, dropped later."""
     if below is not None:
         block.masked_fill_(below, 0)
     low, high = torch.aminmax(block, dim=-1)
@@ -162,7 +166,9 @@ def _merge_interactions(cross_parts, self_terms, linear, constant, k) -> TopInte
         (top_linear, torch.full_like(top_linear, CONSTANT), linear.gather(1, top_linear)),
         (constant_index, constant_index, constant.unsqueeze(1)),
     ]
-    ranks = [torch.arange(1, t[0].shape[1] + 1, device=self_terms.device).expand(c, -1) for t in kinds]
+    ranks = [
+        torch.arange(1, t[0].shape[1] + 1, device=self_terms.device).expand(c, -1) for t in kinds
+    ]
     coefficient = torch.cat([t[2] for t in kinds], 1)
     return TopInteractions(
         in_a=torch.cat([t[0] for t in kinds], 1),
@@ -179,7 +185,8 @@ def _merge_gates(gate_parts, MQ, basis, self_terms, k) -> TopGates:
     in_a = torch.cat([p[0] for p in gate_parts], 1).gather(1, order)
     in_b = torch.cat([p[1] for p in gate_parts], 1).gather(1, order)
     # recomputed rather than recovered from the scores, which lost precision in the subtraction
-    entries = (MQ.gather(1, in_a.unsqueeze(-1).expand(-1, -1, MQ.shape[-1])) * basis.T[in_b]).sum(-1)
+    rows_a = MQ.gather(1, in_a.unsqueeze(-1).expand(-1, -1, MQ.shape[-1]))  # (M^T Q)[a, :]
+    entries = (rows_a * basis.T[in_b]).sum(-1)
     cross = 2 * entries
     self_a, self_b = self_terms.gather(1, in_a), self_terms.gather(1, in_b)
     return TopGates(

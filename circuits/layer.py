@@ -18,13 +18,12 @@ error; see `circuits.sae_basis`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -44,9 +43,9 @@ from circuits.weights import MLPWeights, SAEWeights
 class CircuitConfig:
     """Settings of the per-layer analysis.
 
-    Memory is bounded by about `n_workers * chunk_size * (d_model * (d_mlp + 3 * d_model)
-    + (n_in + 1) * d_model)` numbers for the weight analysis, whatever the number of
-    features, and by `token_batch * (d_model + n_out)` for the correlations.
+    Memory is bounded by about `n_workers * chunk_size * d_model * (d_mlp + 4 * d_model
+    + n_in)` numbers for the weight analysis and `token_batch * (d_model + n_out)` for the
+    correlations, plus the kept eigenvectors, `n_out * d_model * max_rank`.
     """
 
     top_n: int = 50  # interactions kept per output feature and kind, by |coefficient|
@@ -130,13 +129,15 @@ def analyse_layer(
 
     def analyse_chunk(f0: int) -> tuple:
         with _timed(timings, "interaction_matrices", lock):
-            Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, directions[f0 : f0 + cfg.chunk_size])
+            U = directions[f0 : f0 + cfg.chunk_size]
+            Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, U)
         with _timed(timings, "projection_top", lock):
             inter, gates = interactions_and_gates(Q, basis, cfg.top_n, cfg.n_gates, cfg.block_size)
         with _timed(timings, "eigh", lock):
             lam, V = eigh_by_magnitude(Q)
         # clone so that the full V [c, d, d] is freed with this chunk
-        return inter, gates, lam[:, : cfg.n_eigen_store].clone(), lam[:, :R].clone(), V[:, :, :R].clone()
+        stored = lam[:, : cfg.n_eigen_store].clone()
+        return inter, gates, stored, lam[:, :R].clone(), V[:, :, :R].clone()
 
     workers = 1 if device.type != "cpu" else cfg.n_workers or torch.get_num_threads()
     bar = tqdm(total=n_out, desc=f"layer {layer} weights", unit="feature", disable=not progress)
@@ -153,7 +154,8 @@ def analyse_layer(
             raise ValueError("batches of (x, acts) are needed to correlate output features")
         # one thread: this stage is many small products, where thread synchronisation costs
         # more than it saves (several times over on a busy machine)
-        with _timed(timings, "correlations"), _intra_op_threads(1 if device.type == "cpu" else None):
+        threads = 1 if device.type == "cpu" else None
+        with _timed(timings, "correlations"), _intra_op_threads(threads):
             batches = tqdm(batches, desc=f"layer {layer} tokens", disable=not progress)
             n_active, corr = active_correlations(
                 batches, torch.cat(lam), torch.cat(vec), cfg.min_active, cfg.token_batch
@@ -162,10 +164,13 @@ def analyse_layer(
     return tables
 
 
-def write_layer_tables(tables: dict[str, pd.DataFrame], root: str | Path, layer: int) -> dict[str, Path]:
+def write_layer_tables(
+    tables: dict[str, pd.DataFrame], root: str | Path, layer: int
+) -> dict[str, Path]:
     """Write each table of `analyse_layer` as partition `layer=<layer>` under `root/<name>/`."""
     return {
-        name: write_table(df, root, name, layer=layer, schema=SCHEMAS[name]) for name, df in tables.items()
+        name: write_table(df, root, name, layer=layer, schema=SCHEMAS[name])
+        for name, df in tables.items()
     }
 
 
@@ -181,7 +186,7 @@ def _check_shapes(mlp: MLPWeights, sae_in: SAEWeights, sae_out: SAEWeights | Non
         expected["output SAE W_enc"] = (sae_out.W_enc.shape[:1], (d_model,))
     for name, (shape, want) in expected.items():
         if tuple(shape) != want:
-            raise ValueError(f"{name} has shape {tuple(shape)}, expected {want} for d_model {d_model}")
+            raise ValueError(f"{name} has shape {tuple(shape)}, expected {want}")
 
 
 @contextmanager
@@ -191,7 +196,7 @@ def _timed(timings: dict[str, float], stage: str, lock: threading.Lock | None = 
     try:
         yield
     finally:
-        with lock or contextlib.nullcontext():
+        with lock or nullcontext():
             timings[stage] = timings.get(stage, 0.0) + time.perf_counter() - start
 
 

@@ -98,7 +98,7 @@ class ActiveCorrelation:
         self.count = total
 
     def result(self, min_count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """`count [n]` (int64) and `corr [n, R]`, NaN below `min_count` pairs or at zero variance."""
+        """`count [n]` (int64) and `corr [n, R]`; NaN below `min_count` pairs or zero variance."""
         denom = (self.m2_a * self.m2_y[:, None]).sqrt()
         corr = self.c_ay / denom
         corr[(self.count < min_count)[:, None] | (denom == 0)] = float("nan")

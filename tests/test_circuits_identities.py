@@ -68,9 +68,11 @@ def test_quadratic_form_matches_transformer_lens_mlp():
     for layer in range(2):
         mlp = from_hooked_transformer(model, layer)
         U = random(7, D, gen=gen)
-        x = (cache[f"blocks.{layer}.ln2.hook_normalized"] * model.blocks[layer].ln2.w).reshape(-1, D)
+        normalized = cache[f"blocks.{layer}.ln2.hook_normalized"]
+        x = (normalized * model.blocks[layer].ln2.w).reshape(-1, D)
         r = cache[f"blocks.{layer}.hook_resid_mid"].reshape(-1, D)
-        torch.testing.assert_close(x, mlp.g * r / (r.pow(2).mean(-1, keepdim=True) + mlp.eps).sqrt(), **TOL)
+        rms = (r.pow(2).mean(-1, keepdim=True) + mlp.eps).sqrt()
+        torch.testing.assert_close(x, mlp.g * r / rms, **TOL)
 
         Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, U)
         quadratic = torch.einsum("ti,nij,tj->tn", x, Q, x)
@@ -101,7 +103,8 @@ def test_bilinear_tensor_matches_interaction_matrices_of_basis_vectors():
     for h in range(H):
         loops += Wo[h][:, None, None] * torch.outer(Wg[:, h], Wi[:, h])[None]
     torch.testing.assert_close(B, 0.5 * (loops + loops.transpose(1, 2)), **TOL)
-    torch.testing.assert_close(interaction_matrices(Wg, Wi, Wo, torch.eye(D, dtype=torch.float64)), B, **TOL)
+    basis_vectors = torch.eye(D, dtype=torch.float64)
+    torch.testing.assert_close(interaction_matrices(Wg, Wi, Wo, basis_vectors), B, **TOL)
 
 
 def test_hosvd_matches_svd_of_reshaped_tensor():
@@ -147,7 +150,8 @@ def test_sae_basis_form_equals_output_sae_preactivation(apply_b_dec):
     sae_out = from_sae_lens(out_sae)
 
     # resid_mid built from input-SAE latents: sparse, nonnegative, with b_dec
-    z = torch.rand(64, N_IN, generator=gen, dtype=torch.float64) * (torch.rand(64, N_IN, generator=gen) < 0.2)
+    z = torch.rand(64, N_IN, generator=gen, dtype=torch.float64)
+    z *= torch.rand(64, N_IN, generator=gen) < 0.2
     r = z @ sae_in.W_dec + sae_in.b_dec
     rms = (r.pow(2).mean(-1, keepdim=True) + mlp.eps).sqrt()
     mlp_out = model.blocks[1].mlp(model.blocks[1].ln2(r))  # TransformerLens's own norm and MLP
@@ -181,7 +185,8 @@ def test_sae_lens_decoder_norm_rescaling_is_folded():
     top = pre.topk(6, dim=1)
     acts = torch.zeros_like(pre).scatter_(1, top.indices, top.values.relu())
     torch.testing.assert_close(sae.encode(a), acts, **TOL)
-    torch.testing.assert_close(sae.decode(sae.encode(a)), acts @ weights.W_dec + weights.b_dec, **TOL)
+    reconstruction = acts @ weights.W_dec + weights.b_dec
+    torch.testing.assert_close(sae.decode(sae.encode(a)), reconstruction, **TOL)
 
 
 def test_full_rank_eigen_expansion_reproduces_quadratic_form():

@@ -26,7 +26,10 @@ def brute_force(Qt: torch.Tensor, top_n: int, n_gates: int):
         for c in range(b, last + 1):
             coefficient = Qt[b, c].item() * (1 if b == c else 2)
             a_idx, b_idx = (-1 if b == last else b), (-1 if c == last else c)
-            kind = "constant" if b == last else "linear" if c == last else "self" if b == c else "cross"
+            if b == last:
+                kind = "constant"
+            else:
+                kind = "linear" if c == last else "self" if b == c else "cross"
             terms[kind].append((abs(coefficient), a_idx, b_idx, coefficient))
     gates = [
         (2 * Qt[b, c].item() - abs(Qt[b, b].item()) - abs(Qt[c, c].item()), b, c)
@@ -56,8 +59,10 @@ def test_top_interactions_and_gates_match_brute_force(block_size):
             assert inter.rank[f, cols].tolist() == list(range(1, len(expected) + 1))
             got = list(zip(inter.in_a[f, cols].tolist(), inter.in_b[f, cols].tolist()))
             assert got == [t[1:3] for t in expected], kind
-            np.testing.assert_allclose(inter.coefficient[f, cols], [t[3] for t in expected], rtol=1e-12)
-        assert list(zip(gates.in_a[f].tolist(), gates.in_b[f].tolist())) == [g[1:] for g in best_gates]
+            coefficients = [t[3] for t in expected]
+            np.testing.assert_allclose(inter.coefficient[f, cols], coefficients, rtol=1e-12)
+        pairs = list(zip(gates.in_a[f].tolist(), gates.in_b[f].tolist()))
+        assert pairs == [g[1:] for g in best_gates]
         np.testing.assert_allclose(gates.and_score[f], [g[0] for g in best_gates], rtol=1e-12)
         a, b = gates.in_a[f], gates.in_b[f]
         torch.testing.assert_close(gates.cross[f], 2 * Qt[f, a, b])
@@ -134,8 +139,10 @@ def test_tables_do_not_depend_on_chunking_or_threads():
     mlp, sae_in, sae_out, x, acts = random_layer(torch.Generator().manual_seed(3))
     frames = []
     for chunk, block, token_batch, workers in [(100, 100, 10_000, 1), (2, 3, 7, 2), (5, 8, 64, 3)]:
-        cfg = CircuitConfig(chunk_size=chunk, block_size=block, token_batch=token_batch, n_workers=workers,
-                            max_rank=10, min_active=5, dtype="float64")
+        cfg = CircuitConfig(
+            chunk_size=chunk, block_size=block, token_batch=token_batch, n_workers=workers,
+            max_rank=10, min_active=5, dtype="float64",
+        )
         batches = [(x[i : i + 50], acts[i : i + 50]) for i in range(0, 400, 50)]
         frames.append(analyse_layer(mlp, sae_in, sae_out, batches, cfg, layer=3))
     for other in frames[1:]:

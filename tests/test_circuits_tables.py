@@ -22,9 +22,14 @@ D, H, N_IN, N_OUT = 8, 12, 10, 6
 def layer_inputs(seed: int):
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    mlp = MLPWeights(W_gate=r(D, H), W_in=r(D, H), W_out=r(H, D), b_in=r(H), b_out=r(D), g=1 + 0.1 * r(D), eps=1e-5)
-    sae_in = SAEWeights(W_enc=r(D, N_IN), b_enc=r(N_IN), W_dec=r(N_IN, D), b_dec=r(D), apply_b_dec_to_input=True)
-    sae_out = SAEWeights(W_enc=r(D, N_OUT), b_enc=r(N_OUT), W_dec=r(N_OUT, D), b_dec=r(D), apply_b_dec_to_input=True)
+    mlp = MLPWeights(
+        W_gate=r(D, H), W_in=r(D, H), W_out=r(H, D), b_in=r(H), b_out=r(D),
+        g=1 + 0.1 * r(D), eps=1e-5,
+    )
+    sae_in, sae_out = (
+        SAEWeights(W_enc=r(D, n), b_enc=r(n), W_dec=r(n, D), b_dec=r(D), apply_b_dec_to_input=True)
+        for n in (N_IN, N_OUT)
+    )
     acts = r(200, N_OUT).relu() * (torch.rand(200, N_OUT, generator=gen) < 0.5)
     acts[:, 0] = 0  # a feature that never fires: reported with n_active 0 and NaN
     return mlp, sae_in, sae_out, [(r(200, D), acts)]
@@ -57,7 +62,8 @@ def test_tables_read_back_with_documented_columns(written, name):
         if field.type == "string":
             assert pd.api.types.is_string_dtype(column), field.name
         else:
-            assert str(column.dtype) == {"int64": "int64", "double": "float64"}[str(field.type)], field.name
+            expected_dtype = {"int64": "int64", "double": "float64"}[str(field.type)]
+            assert str(column.dtype) == expected_dtype, field.name
 
     sql = f"select * from read_parquet('{root}/{name}/**/*.parquet', hive_partitioning=true)"
     via_duckdb = duckdb.sql(sql).df()
@@ -81,11 +87,13 @@ def test_table_contents_follow_conventions(written):
 
     eigen = tables["eigen"]
     assert len(eigen) == N_OUT * 6
-    assert eigen.groupby("out_feature").eigenvalue.apply(lambda s: s.abs().is_monotonic_decreasing).all()
+    by_feature = eigen.groupby("out_feature").eigenvalue
+    assert by_feature.apply(lambda s: s.abs().is_monotonic_decreasing).all()
 
     gates = tables["gates"]
     assert len(gates) == N_OUT * 3 and (gates.in_a < gates.in_b).all()
-    assert ((gates.cross - gates.self_a.abs() - gates.self_b.abs() - gates.and_score).abs() < 1e-5).all()
+    score = gates.cross - gates.self_a.abs() - gates.self_b.abs()
+    assert ((score - gates.and_score).abs() < 1e-5).all()
 
     low = tables["lowrank"]
     assert len(low) == N_OUT * 4
