@@ -29,7 +29,9 @@ class DemoConfig:
     model: ModelConfig = field(default_factory=lambda: PRESETS["demo"])  # LM shape
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # tokenizer training
     lm: LMTrainConfig = field(default_factory=lambda: LMTrainConfig(train_tokens=2_000_000))  # LM training
-    sae: SAETrainConfig = field(default_factory=lambda: SAETrainConfig(train_tokens=1_000_000))  # each SAE
+    # k 16 rather than the paper's share (8 of 512): with k 8 the input SAEs merge "not" with
+    # the context's valence into conjunction features, hiding the AND the MLP computes.
+    sae: SAETrainConfig = field(default_factory=lambda: SAETrainConfig(k=16, train_tokens=1_000_000))  # each SAE
     circuits: CircuitConfig = field(default_factory=CircuitConfig)  # circuit tables
     corr_rows: int = 1024  # held-out rows for the low-rank correlations
     features: FeatureConfig = field(default_factory=FeatureConfig)  # feature descriptions

@@ -28,6 +28,7 @@ from circuits.spectra import eigh_by_magnitude
 from circuits.tables import read_table
 from circuits.weights import MLPWeights, from_hooked_transformer, from_sae_lens
 from pipelines.model import load_config, load_model
+from pipelines.negation import label_gates, top_gates
 from pipelines.paths import RunPaths
 from pipelines.stages import token_rows
 from pipelines.tokenizer import BOS, load_tokenizer
@@ -44,7 +45,7 @@ class ReportConfig:
     """What the report shows and how much it recomputes (defaults: under a minute on the demo)."""
 
     n_gates: int = 5  # AND-gate candidates shown in detail, the best pair of each output feature
-    n_gate_rows: int = 20  # rows of the overview table of AND-gate candidates
+    gates_per_layer: int = 8  # AND-gate candidates of each layer in the overview table
     n_inputs: int = 8  # input features per interaction heatmap
     n_eigen_bars: int = 16  # largest eigenvalues drawn per spectrum
     n_scatter: int = 4  # output features (of the top gate candidates) with scatter plots
@@ -375,7 +376,7 @@ def _scatters(b: _Builder) -> str:
     gates = b.tables["gates"]
     if gates is None:
         return _section(title, _missing("gates table, which picks the features shown"))
-    chosen = [(layer, f) for layer, f in _top_gates(gates, b.cfg.n_scatter)[["layer", "out_feature"]]
+    chosen = [(layer, f) for layer, f in _candidates(b).head(b.cfg.n_scatter)[["layer", "out_feature"]]
               .itertuples(index=False) if Path(b.saes(layer)[1]).is_dir()]
     if not chosen:
         return _section(title, _missing("output SAEs of the top gate candidates"))
@@ -473,29 +474,37 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float:
 # ---------------------------------------------------------------- 5. AND-gate candidates
 
 
-def _top_gates(gates: pd.DataFrame, n: int) -> pd.DataFrame:
-    """The `n` output features with the best AND-gate score over all layers, best pair each."""
-    best = gates.sort_values("and_score", ascending=False).drop_duplicates(["layer", "out_feature"])
-    return best.head(n).reset_index(drop=True)
+def _candidates(b: _Builder) -> pd.DataFrame:
+    """Each layer's best gate candidates; on the built-in corpus, negation gates come first."""
+    cands = top_gates(b.tables["gates"], b.cfg.gates_per_layer)
+    features = b.tables["features"]
+    if features is not None and "share_negation" in features.columns:
+        cands = label_gates(cands, features).sort_values(
+            ["is_negation_gate", "and_score"], ascending=False, kind="stable").reset_index(drop=True)
+    return cands
 
 
 def _gates(b: _Builder) -> str:
     title = "AND-gate candidates"
-    gates = b.tables["gates"]
-    if gates is None:
+    if b.tables["gates"] is None:
         return _section(title, _missing("gates table"))
-    overview = _top_gates(gates, b.cfg.n_gate_rows)[GATE_COLUMNS].copy()
+    cands = _candidates(b)
+    columns = GATE_COLUMNS + (["is_negation_gate"] if "is_negation_gate" in cands.columns else [])
+    overview = cands[columns].copy()
     for side, column in (("output", "out_feature"), ("input a", "in_a"), ("input b", "in_b")):
         site = "mlp_out" if column == "out_feature" else "resid_mid"
         overview[side] = [b.label(layer, site, f) for layer, f in zip(overview["layer"], overview[column])]
     parts = [] if b.tables["features"] is not None else [
         _missing("features table: features are shown by index only")]
     parts += [
-        _p("Best pair per output feature, ranked by AND-gate score over all layers. Coefficients "
+        _p(f"Best pair of each output feature; the {b.cfg.gates_per_layer} best by AND-gate score "
+           "in each layer (scales differ between layers). Negation gates, judged by the corpus's "
+           "ground truth, come first: one input fires within negations, the other in contexts "
+           "of one valence, and the output predicts words of the other valence. Coefficients "
            "are those of z'^T Qt z' (cross multiplies z_a z_b, self_a multiplies z_a^2).", "note"),
         _html_table(overview, ("output", "input a", "input b")),
     ]
-    for i, row in enumerate(_top_gates(gates, b.cfg.n_gates).itertuples(index=False)):
+    for i, row in enumerate(cands.head(b.cfg.n_gates).itertuples(index=False)):
         parts.append(_gate_card(b, i + 1, row))
     return _section(title, *parts)
 

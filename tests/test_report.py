@@ -59,7 +59,7 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(run):
-    cfg = ReportConfig(n_gates=3, n_gate_rows=6, n_scatter=2, scatter_rows=24, dpi=50)
+    cfg = ReportConfig(n_gates=3, gates_per_layer=3, n_scatter=2, scatter_rows=24, dpi=50)
     index = write_report(run, cfg)
     return index, index.read_text(encoding="utf-8")
 
@@ -103,7 +103,7 @@ def test_rewriting_leaves_no_stale_files(run, page):
     index, _ = page
     stale = index.parent / "stale.png"
     stale.write_bytes(b"")
-    write_report(run, ReportConfig(n_gates=1, n_gate_rows=2, n_scatter=1, scatter_rows=8, dpi=40))
+    write_report(run, ReportConfig(n_gates=1, gates_per_layer=2, n_scatter=1, scatter_rows=8, dpi=40))
     assert not stale.exists() and index.is_file()
 
 
@@ -116,7 +116,7 @@ def test_explicit_model_tokens_and_saes(run, tmp_path):
     _, held_out = token_rows(str(run.corpus), load_tokenizer(run.lm), model.cfg.n_ctx)
     sae_paths = {layer: (tmp_path / "elsewhere" / f"layer{layer}_resid_mid",
                          tmp_path / "elsewhere" / f"layer{layer}_mlp_out") for layer in (0, 1)}
-    cfg = ReportConfig(n_gates=1, n_gate_rows=2, n_scatter=1, scatter_rows=8, dpi=40)
+    cfg = ReportConfig(n_gates=1, gates_per_layer=2, n_scatter=1, scatter_rows=8, dpi=40)
     text = write_report(bare, cfg, held_out.tokens, model=model, sae_paths=sae_paths).read_text()
     assert "Not available" not in text and 'src="scatter_' in text and "d_model" in text
 
