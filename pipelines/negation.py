@@ -27,11 +27,17 @@ def top_gates(gates: pd.DataFrame, n: int) -> pd.DataFrame:
 
 
 def _valence(row: pd.Series) -> int:
-    """+1 / -1 when the input feature fires in contexts of one valence, else 0."""
-    if row.get("share_positive_context", 0) >= CONTEXT_SHARE:
-        return 1
-    if row.get("share_negative_context", 0) >= CONTEXT_SHARE:
-        return -1
+    """+1 / -1 when the input feature is mainly a context feature of one valence, else 0.
+
+    Mainly: its share in that valence's contexts passes `CONTEXT_SHARE` and exceeds its
+    share inside negations, so a feature that is above all a negation feature is not taken
+    for the context side of a pair.
+    """
+    negation = row.get("share_negation", 0)
+    for valence, column in ((1, "share_positive_context"), (-1, "share_negative_context")):
+        share = row.get(column, 0)
+        if share >= CONTEXT_SHARE and share > negation:
+            return valence
     return 0
 
 
@@ -45,9 +51,7 @@ def label_gates(candidates: pd.DataFrame, features: pd.DataFrame) -> pd.DataFram
         out = outputs.loc[(g.layer, g.out_feature)]
         verdict, context = False, 0
         for neg, ctx in ((a, b), (b, a)):
-            # the context input must not itself be a negation feature: the roles are distinct
-            if (neg.get("share_negation", 0) >= NEGATION_SHARE
-                    and ctx.get("share_negation", 0) < NEGATION_SHARE and _valence(ctx) != 0):
+            if neg.get("share_negation", 0) >= NEGATION_SHARE and _valence(ctx) != 0:
                 context = _valence(ctx)
                 boost = out.get("valence_boost", float("nan"))
                 verdict = boost * context <= -BOOST_SD  # predicts the other valence
