@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipelines.model import PRESETS, build_model
 from sae.activations import keep_mask
 from sae.config import SAETrainConfig
 from sae.io import check_sae_fits
@@ -13,12 +12,6 @@ from sae.metrics import evaluate_sae
 from sae.train import build_sae
 
 BOS, PAD = 0, 1
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return build_model(PRESETS["tiny"]).eval()
 
 
 @pytest.fixture(scope="module")

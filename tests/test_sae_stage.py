@@ -8,7 +8,6 @@ from sae_lens import SAE
 
 import pipelines.train_saes as stage
 from circuits.tables import read_table
-from pipelines.model import PRESETS, build_model
 from sae.config import SAETrainConfig
 from sae.io import load_sae
 
@@ -16,12 +15,6 @@ BOS = 0
 CFG = SAETrainConfig(train_tokens=4096, batch_size=512, eval_seqs=8, shard_tokens=1500, buffer_tokens=2048)
 COLUMNS = ["layer", "site", "d_in", "d_sae", "k", "train_tokens", "nmse", "l0", "dead_fraction",
            "loss_clean", "loss_patched", "loss_added"]
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(0)
-    return build_model(PRESETS["tiny"]).eval()
 
 
 @pytest.fixture(scope="module")
