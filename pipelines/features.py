@@ -2,7 +2,11 @@
 
 One pass over the corpus encodes every (layer, site) SAE's activations and keeps, per
 feature, running counts, sums, the top-activating tokens and, on the built-in corpus, how
-much of its activation falls on negation cues and on positive or negative contexts.
+much of its activation falls inside negations and in positive or negative contexts.
+
+For `mlp_out` features, `valence_boost` is the mean direct logit effect on the positive
+sentiment words minus that on the negative ones, in standard deviations of the feature's
+effects over the whole vocabulary: how strongly it predicts one valence.
 """
 
 from __future__ import annotations
@@ -82,9 +86,6 @@ def _context(tok: Tokenizer, tokens: torch.Tensor, flat: int, cfg: FeatureConfig
 
 def logit_effects(model: HookedTransformer, sae: SAE) -> torch.Tensor:
     """Direct effect of each decoder direction on the logits: [n_features, d_vocab].
-
-    `valence_boost` in the table is the mean effect on positive sentiment words minus that on
-    negative ones, in standard deviations of the feature's effects over the vocabulary.
 
     The final RMS norm's gain is applied; its per-token scale is positive and only
     rescales the row, so the ranking of tokens is exact.
