@@ -48,7 +48,7 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     run = RunPaths(args.out)
     if args.corpus is None and not run.corpus.is_dir():
         ensure_corpus(run, StoryConfig())
-    train_cfg = LMTrainConfig(**({"train_tokens": args.train_tokens} if args.train_tokens else {}))
+    train_cfg = LMTrainConfig(**({} if args.train_tokens is None else {"train_tokens": args.train_tokens}))
     _, cfg, summary = ensure_lm(
         run, corpus_source(run, args.corpus), PRESETS[args.preset],
         TokenizerConfig(vocab_size=args.vocab_size), train_cfg,
@@ -71,7 +71,10 @@ def cmd_convert(args: argparse.Namespace) -> None:
 def _layers(text: str, n_layers: int) -> list[int]:
     if text == "all":
         return list(range(n_layers))
-    layers = [int(x) for x in text.split(",")]
+    try:
+        layers = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise ValueError(f"--layers takes 'all' or comma-separated layer numbers, not {text!r}") from None
     bad = [l for l in layers if not 0 <= l < n_layers]
     if bad:
         raise ValueError(f"layers {bad} do not exist: the model has {n_layers} (0..{n_layers - 1})")

@@ -190,7 +190,7 @@ class KeyFinder:
         hits = [k for k in self.state if k == suffix or k.endswith("." + suffix)]
         if len(hits) != 1:
             problem = "no key" if not hits else f"several keys {hits}"
-            raise KeyError(f"checkpoint has {problem} ending in {suffix!r}; "
+            raise ValueError(f"checkpoint has {problem} ending in {suffix!r}; "
                            f"keys found: {describe_keys(self.state)}")
         key = hits[0]
         tensor = self.state[key]
@@ -260,7 +260,7 @@ def infer_vocab(config: dict, state: dict[str, torch.Tensor]) -> int:
     """The vocabulary size, from the embedding's rows; a config field must agree with it."""
     hits = [k for k in state if k == "wte.weight" or k.endswith(".wte.weight")]
     if len(hits) != 1:
-        raise KeyError(f"checkpoint has no unique embedding 'transformer.wte.weight'; "
+        raise ValueError(f"checkpoint has no unique embedding 'transformer.wte.weight'; "
                        f"keys found: {describe_keys(state)}")
     d_vocab = state[hits[0]].shape[0]
     for field in VOCAB_FIELDS:

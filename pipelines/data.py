@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from pipelines.corpus import TEXT_COLUMN, frame_stories, has_ground_truth
 from pipelines.stories import Story
-from pipelines.tokenizer import BOS, EOS, special_id
+from pipelines.tokenizer import BOS, EOS
 
 LABELS = ("negation", "sentiment", "context")  # token is a negation cue; word valence; context valence
 
@@ -55,10 +55,13 @@ def story_token_labels(story: Story, offsets: list[tuple[int, int]]) -> np.ndarr
 
 
 def pack_corpus(df: pd.DataFrame, tok: Tokenizer, n_ctx: int, desc: str = "tokenize") -> TokenRows:
-    """Tokenize every document of `df` and pack into rows of `n_ctx` tokens (BOS first)."""
+    """Tokenize every document of `df` and pack into rows of `n_ctx` tokens (BOS first, if any)."""
     if n_ctx < 2:
         raise ValueError(f"n_ctx must be at least 2, got {n_ctx}")
-    bos, eos = special_id(tok, BOS), special_id(tok, EOS)
+    # A tokenizer of our own has both; a converted model's may lack them, and then rows
+    # simply start mid-text and documents run together.
+    bos, eos = tok.token_to_id(BOS), tok.token_to_id(EOS)
+    sep = [] if eos is None else [eos]
     texts = df[TEXT_COLUMN].astype(str).tolist()
     stories = frame_stories(df) if has_ground_truth(df) else None
     ids: list[np.ndarray] = []
@@ -66,23 +69,25 @@ def pack_corpus(df: pd.DataFrame, tok: Tokenizer, n_ctx: int, desc: str = "token
     batch = 1024
     for i in tqdm(range(0, len(texts), batch), desc=desc, unit="batch", leave=False):
         for j, enc in enumerate(tok.encode_batch(texts[i : i + batch])):
-            ids.append(np.array(enc.ids + [eos], dtype=np.int64))
+            ids.append(np.array(enc.ids + sep, dtype=np.int64))
             if stories is not None:
                 lab = story_token_labels(stories[i + j], enc.offsets)
-                labels.append(np.concatenate([lab, np.zeros((3, 1), np.int8)], axis=1))
+                labels.append(np.concatenate([lab, np.zeros((3, len(sep)), np.int8)], axis=1))
     stream = np.concatenate(ids)
-    width = n_ctx - 1
+    head = 0 if bos is None else 1
+    width = n_ctx - head
     n_rows = len(stream) // width
     if n_rows == 0:
         raise ValueError(f"corpus has {len(stream)} tokens, fewer than one row of {n_ctx}")
-    body = torch.from_numpy(stream[: n_rows * width].reshape(n_rows, width))
-    tokens = torch.cat([torch.full((n_rows, 1), bos, dtype=torch.int64), body], dim=1)
+    tokens = torch.from_numpy(stream[: n_rows * width].reshape(n_rows, width))
+    if head:
+        tokens = torch.cat([torch.full((n_rows, 1), bos, dtype=torch.int64), tokens], dim=1)
     out: dict[str, torch.Tensor] = {}
     if labels:
         lab = np.concatenate(labels, axis=1)[:, : n_rows * width].reshape(3, n_rows, width)
         for k, name in enumerate(LABELS):
             out[name] = torch.cat(
-                [torch.zeros((n_rows, 1), dtype=torch.int8), torch.from_numpy(lab[k])], dim=1
+                [torch.zeros((n_rows, head), dtype=torch.int8), torch.from_numpy(lab[k])], dim=1
             )
     return TokenRows(tokens, out)
 

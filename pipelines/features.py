@@ -22,8 +22,9 @@ from transformer_lens import HookedTransformer
 
 from pipelines.data import TokenRows
 from pipelines.stories import NEGATIVE, POSITIVE
+from pipelines.tokenizer import BOS
 from pipelines.valence import word_ids
-from sae.activations import iter_activations
+from sae.activations import iter_activations, keep_mask
 from sae.sites import Point
 
 
@@ -125,8 +126,7 @@ def feature_table(
     """One row per (layer, site, feature), described from `cfg.n_rows` corpus rows."""
     rows = rows.take(slice(0, cfg.n_rows))
     tokens = rows.tokens
-    keep = torch.ones_like(tokens, dtype=torch.bool)
-    keep[:, 0] = False  # BOS carries nothing about the text
+    keep = keep_mask(tokens, bos_id=tok.token_to_id(BOS))
     labelled = "negation" in rows.labels
     trackers = {p: _Tracker(sae.cfg.d_sae, cfg.n_contexts, labelled) for p, sae in saes.items()}
     flat_all = torch.arange(tokens.numel()).reshape(tokens.shape)

@@ -2,8 +2,8 @@
 
 The checkpoint directory holds our model format (`config.json`, `model.safetensors`,
 `tokenizer.json`), the training log (`train_log.parquet`), the training config
-(`train_config.json`) and, while training is unfinished, `train_state.pt` with the optimiser
-and step so that an interrupted run continues where it stopped.
+(`train_config.json`) and, while training is unfinished, `train_state.pt` with the weights,
+optimiser and step so that an interrupted run continues where it stopped.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from pipelines.model import (
     WEIGHTS_FILE,
     ModelConfig,
     build_model,
-    load_config,
-    load_model,
     save_model,
 )
 
@@ -131,6 +129,8 @@ def train_lm(
     if len(rows) == 0:
         raise ValueError("the training corpus is empty")
     _check_compatible(model_cfg, tok, rows)
+    if (out / STATE_FILE).exists() and json.loads((out / TRAIN_CONFIG_FILE).read_text()) != asdict(cfg):
+        raise ValueError(f"{out} holds an unfinished run with other training settings; use a new --out")
     tok.save(str(out / TOKENIZER_FILE))
     (out / TRAIN_CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=2))
 
@@ -142,10 +142,10 @@ def train_lm(
     log: list[dict] = []
     step = 0
     if (out / STATE_FILE).exists():
-        if load_config(out) != model_cfg:
-            raise ValueError(f"{out} holds an unfinished run of another model config; use a new --out")
-        model, _ = load_model(out)
         state = torch.load(out / STATE_FILE, weights_only=False)
+        if state["model_config"] != model_cfg.to_json():
+            raise ValueError(f"{out} holds an unfinished run of another model config; use a new --out")
+        model.load_state_dict(state["model"])
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         opt.load_state_dict(state["optimizer"])
         step, log = state["step"], state["log"]
@@ -174,9 +174,10 @@ def train_lm(
                             tok_s=f"{tok_s:,.0f}")
             t0, tokens_since = time.perf_counter(), 0
         if step % cfg.checkpoint_every == 0 and step < n_steps:
-            save_model(model, model_cfg, out)
+            # weights, optimiser and step in one file, replaced in one rename, so they never disagree
             tmp = out / (STATE_FILE + ".tmp")
-            torch.save({"optimizer": opt.state_dict(), "step": step, "log": log}, tmp)
+            torch.save({"model": model.state_dict(), "model_config": model_cfg.to_json(),
+                        "optimizer": opt.state_dict(), "step": step, "log": log}, tmp)
             tmp.replace(out / STATE_FILE)
     bar.close()
     model.eval()

@@ -6,6 +6,7 @@ The command line and the demo call these; each takes a `RunPaths` and config dat
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -26,15 +27,17 @@ from pipelines.lm_training import TRAIN_CONFIG_FILE, LMTrainConfig, is_trained, 
 from pipelines.model import ModelConfig, load_config, load_model
 from pipelines.paths import RunPaths
 from pipelines.stories import StoryConfig
-from pipelines.tokenizer import BOS, TokenizerConfig, load_tokenizer, special_id, train_tokenizer
+from pipelines.tokenizer import BOS, TokenizerConfig, load_tokenizer, train_tokenizer
 from pipelines.train_saes import train_saes
 from sae.activations import iter_activations, keep_mask
 from sae.config import SAETrainConfig
+from sae.cache import weights_digest
 from sae.io import load_sae
 from pipelines.valence import valence_accuracy
 
 HELD_OUT = 0.05  # share of packed rows kept out of LM training for its held-out loss
 CIRCUIT_TABLES = ("interactions", "gates", "eigen", "lowrank")
+DATA_CONFIG_FILE = "data_config.json"  # in lm/: the corpus digest and tokenizer settings it was trained on
 
 
 def ensure_corpus(run: RunPaths, cfg: StoryConfig) -> Path:
@@ -81,6 +84,15 @@ def ensure_lm(
     Returns the model, its config and a summary with the held-out loss, the corpus's
     unigram entropy and, on the built-in corpus, the valence accuracy after negations.
     """
+    data = {"corpus": files_digest(corpus), "tokenizer": asdict(tok_cfg)}
+    data_file = run.lm / DATA_CONFIG_FILE
+    if data_file.is_file() and json.loads(data_file.read_text()) != data:
+        raise ValueError(
+            f"{run.lm} was trained on another corpus or tokenizer setting; choose another --out "
+            "or delete that folder"
+        )
+    run.lm.mkdir(parents=True, exist_ok=True)
+    data_file.write_text(json.dumps(data, indent=2))
     tok_file = run.lm / "tokenizer.json"
     if tok_file.is_file():
         tok = load_tokenizer(tok_file)
@@ -115,7 +127,7 @@ def ensure_saes(
 ) -> pd.DataFrame:
     """Train every (layer, site) SAE not yet finished; returns all their metrics."""
     train, _ = token_rows(corpus, tok, model.cfg.n_ctx)
-    return train_saes(model, train.tokens, run.root, layers, sites, cfg, bos_id=special_id(tok, BOS))
+    return train_saes(model, train.tokens, run.root, layers, sites, cfg, bos_id=tok.token_to_id(BOS))
 
 
 def _done_marker(run: RunPaths, stage: str, layer: int) -> Path:
@@ -123,12 +135,33 @@ def _done_marker(run: RunPaths, stage: str, layer: int) -> Path:
 
 
 def _is_done(marker: Path, settings: dict) -> bool:
-    return marker.is_file() and json.loads(marker.read_text()) == settings
+    try:
+        return json.loads(marker.read_text()) == settings
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
 
 
 def _mark_done(marker: Path, settings: dict) -> None:
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps(settings, indent=2))
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(settings, indent=2))
+    tmp.replace(marker)
+
+
+def files_digest(source: str | Path) -> str:
+    """A hash of a file's or folder's bytes (or of the name, for a hub dataset)."""
+    path = Path(source)
+    digest = hashlib.sha256(str(source).encode())
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        if f.is_file():
+            digest.update(f.name.encode())
+            digest.update(f.read_bytes())
+    return digest.hexdigest()
+
+
+def _sae_digest(path: Path) -> str:
+    return files_digest(path) if Path(path).is_dir() else "missing"
 
 
 def mlp_batches(model: HookedTransformer, rows: torch.Tensor, keep: torch.Tensor, layer: int, sae_out):
@@ -151,15 +184,17 @@ def ensure_circuits(
     """
     _, held_out = token_rows(corpus, tok, model.cfg.n_ctx)
     rows = held_out.tokens[:corr_rows]
-    keep = keep_mask(rows, bos_id=special_id(tok, BOS))
+    keep = keep_mask(rows, bos_id=tok.token_to_id(BOS))
+    inputs = {"model": weights_digest(model), "corpus": files_digest(corpus)}
     analysed = []
     for layer in tqdm(layers, desc="circuits", unit="layer"):
         path_in, path_out = (sae_paths or {}).get(layer, (run.sae(layer, "resid_mid"), run.sae(layer, "mlp_out")))
-        settings = {"config": json.loads(cfg.to_json()), "corr_rows": len(rows),
-                    "sae_in": str(path_in), "sae_out": str(path_out)}
+        settings = {"config": json.loads(cfg.to_json()), "corr_rows": len(rows), **inputs,
+                    "sae_in": _sae_digest(path_in), "sae_out": _sae_digest(path_out)}
         marker = _done_marker(run, "circuits", layer)
         if _is_done(marker, settings) and all(has_table(run.tables, t, layer) for t in CIRCUIT_TABLES):
             continue
+        marker.unlink(missing_ok=True)  # a rewrite interrupted half-way must not count as done
         sae_in, sae_out = load_sae(path_in, model=model), load_sae(path_out, model=model)
         tables = analyse_layer(
             from_hooked_transformer(model, layer), from_sae_lens(sae_in), from_sae_lens(sae_out),
@@ -176,14 +211,20 @@ def ensure_features(
     layers: list[int], sites: list[str], cfg: FeatureConfig,
 ) -> pd.DataFrame:
     """The features table of every (layer, site) SAE, unless done with these settings."""
-    settings = {"config": cfg.to_json(), "sites": list(sites)}
-    todo = [l for l in layers if not (_is_done(_done_marker(run, "features", l), settings)
+    inputs = {"config": cfg.to_json(), "model": weights_digest(model), "corpus": files_digest(corpus)}
+
+    def settings(layer: int) -> dict:
+        return {**inputs, "saes": {s: _sae_digest(run.sae(layer, s)) for s in sites}}
+
+    todo = [l for l in layers if not (_is_done(_done_marker(run, "features", l), settings(l))
                                       and has_table(run.tables, "features", l))]
+    for layer in todo:
+        _done_marker(run, "features", layer).unlink(missing_ok=True)
     if todo:
         _, held_out = token_rows(corpus, tok, model.cfg.n_ctx)
         saes = {(l, s): load_sae(run.sae(l, s), model=model) for l in todo for s in sites}
         df = feature_table(model, tok, held_out, saes, cfg)
         for layer in todo:
             write_table(df[df["layer"] == layer], run.tables, "features", layer=layer)
-            _mark_done(_done_marker(run, "features", layer), settings)
+            _mark_done(_done_marker(run, "features", layer), settings(layer))
     return read_table(run.tables, "features")

@@ -44,16 +44,3 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer at {path}")
     return Tokenizer.from_file(str(path))
-
-
-def special_id(tok: Tokenizer, token: str) -> int:
-    """Id of a special token; a clear error if the tokenizer lacks it."""
-    idx = tok.token_to_id(token)
-    if idx is None:
-        raise ValueError(f"tokenizer has no {token} token; train it with pipelines.tokenizer")
-    return idx
-
-
-def decode_tokens(tok: Tokenizer, ids: Iterable[int]) -> list[str]:
-    """Each id as its own string, for showing contexts token by token."""
-    return [tok.id_to_token(int(i)) or UNK for i in ids]

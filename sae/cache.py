@@ -83,12 +83,18 @@ class ActivationCache:
         shutil.rmtree(trash)
 
 
-def fingerprint(model: HookedTransformer, tokens: torch.Tensor, keep: torch.Tensor, **settings) -> str:
-    """A hash of the model weights, tokens, kept positions and settings the cache came from."""
+def weights_digest(model: HookedTransformer) -> str:
+    """A hash of the model's weights: which model an output was computed from."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
         digest.update(tensor.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def fingerprint(model: HookedTransformer, tokens: torch.Tensor, keep: torch.Tensor, **settings) -> str:
+    """A hash of the model weights, tokens, kept positions and settings the cache came from."""
+    digest = hashlib.sha256(weights_digest(model).encode())
     digest.update(tokens.cpu().numpy().tobytes())
     digest.update(keep.cpu().numpy().tobytes())
     digest.update(json.dumps(settings, sort_keys=True).encode())

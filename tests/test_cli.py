@@ -88,3 +88,12 @@ def test_module_entry_point_help():
         done = subprocess.run([sys.executable, "-m", "pipelines", command, "--help"],
                               capture_output=True, text=True)
         assert done.returncode == 0 and "usage: bilinear-circuits" in done.stdout, command
+
+
+def test_changed_inputs_are_not_taken_for_done(run, tmp_path, capsys):
+    assert main(["corpus", "--out", str(tmp_path), "--n-stories", "2000", "--seed", "2"]) == 0
+    args = ["circuits", "--out", str(run), "--top-n", "10", "--max-rank", "4", "--corr-rows", "64"]
+    assert main([*args, "--corpus", str(tmp_path / "corpus"), "--layers", "0"]) == 0
+    assert "computed now: [0]" in capsys.readouterr().out
+    assert main([*args, "--layers", "0"]) == 0  # back to the run's own corpus: recomputed again
+    assert "computed now: [0]" in capsys.readouterr().out

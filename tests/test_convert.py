@@ -184,7 +184,7 @@ def test_missing_parts_are_reported(tmp_path):
 def test_unknown_key_names_list_the_keys_found(tmp_path):
     state = {k.replace(".attn.qkv.", ".attn.c_attn."): v for k, v in published_weights().items()}
     src = write_published(tmp_path / "p", state, published_config())
-    with pytest.raises(KeyError, match=r"h\.0\.attn\.qkv\.weight.*transformer\.h\.0\.attn\.c_attn"):
+    with pytest.raises(ValueError, match=r"h\.0\.attn\.qkv\.weight.*transformer\.h\.0\.attn\.c_attn"):
         convert_checkpoint(src, tmp_path / "o")
 
 

@@ -133,3 +133,15 @@ def test_split_rows(stories, tokenizer):
         pack_corpus(stories_frame(stories[:2]), tokenizer, n_ctx=1)
     with pytest.raises(ValueError, match="fewer than one row"):
         pack_corpus(pd.DataFrame({"text": ["hi"]}), tokenizer, n_ctx=64)
+
+
+def test_packing_without_bos_or_eos(stories):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {w for s in stories[:50] for w in s.text.lower().replace(".", " ").split()}
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(sorted(words) + ["[UNK]"])}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    rows = pack_corpus(stories_frame(stories[:50]), tok, n_ctx=16)
+    stream = [i for s in stories[:50] for i in tok.encode(s.text).ids]
+    assert rows.tokens.flatten().tolist() == stream[: rows.tokens.numel()]
+    assert rows.labels["negation"].shape == rows.tokens.shape

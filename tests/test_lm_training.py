@@ -73,6 +73,8 @@ def test_resume_matches_uninterrupted_run(data, tmp_path, monkeypatch):
         train_lm(cfg, tok, train, held, small_cfg(), tmp_path / "b")
     assert torch.load(tmp_path / "b" / "train_state.pt", weights_only=False)["step"] == 4
     monkeypatch.setattr(lm_training.torch.nn.utils, "clip_grad_norm_", real_clip)
+    with pytest.raises(ValueError, match="other training settings"):
+        train_lm(cfg, tok, train, held, small_cfg(lr=5e-3), tmp_path / "b")
     resumed, log = train_lm(cfg, tok, train, held, small_cfg(), tmp_path / "b")
     assert log["step"].tolist() == [4, 8, 12]
     x = held.tokens[:2]
