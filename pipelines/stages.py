@@ -29,11 +29,11 @@ from pipelines.paths import RunPaths
 from pipelines.stories import StoryConfig
 from pipelines.tokenizer import BOS, TokenizerConfig, load_tokenizer, train_tokenizer
 from pipelines.train_saes import train_saes
-from sae.activations import iter_activations, keep_mask
-from sae.config import SAETrainConfig
-from sae.cache import weights_digest
-from sae.io import load_sae
 from pipelines.valence import valence_accuracy
+from sae.activations import iter_activations, keep_mask
+from sae.cache import weights_digest
+from sae.config import SAETrainConfig
+from sae.io import load_sae
 
 HELD_OUT = 0.05  # share of packed rows kept out of LM training for its held-out loss
 CIRCUIT_TABLES = ("interactions", "gates", "eigen", "lowrank")
