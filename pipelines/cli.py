@@ -101,6 +101,21 @@ def _load(args: argparse.Namespace):
     return run, model, load_tokenizer(model_dir), corpus_source(run, args.corpus), _layers(args.layers, cfg.n_layers)
 
 
+def _sae_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sae-in", type=Path, default=None, help="input-side (resid_mid) SAE folder, with --layer")
+    p.add_argument("--sae-out", type=Path, default=None, help="output-side (mlp_out) SAE folder, with --layer")
+    p.add_argument("--layer", dest="layers", default=argparse.SUPPRESS, help="one layer (same as --layers L)")
+
+
+def _sae_paths(args: argparse.Namespace, layers: list[int]) -> dict[int, tuple[Path, Path]] | None:
+    """Explicit (input, output) SAE folders for the single chosen layer, if given."""
+    if not (args.sae_in or args.sae_out):
+        return None
+    if not (args.sae_in and args.sae_out) or len(layers) != 1:
+        raise ValueError("--sae-in and --sae-out go together, with a single --layer")
+    return {layers[0]: (args.sae_in, args.sae_out)}
+
+
 def cmd_train_saes(args: argparse.Namespace) -> None:
     from sae.config import SAETrainConfig
     from pipelines.stages import ensure_saes
@@ -118,13 +133,8 @@ def cmd_circuits(args: argparse.Namespace) -> None:
     from pipelines.stages import ensure_circuits
 
     run, model, tok, corpus, layers = _load(args)
-    sae_paths = None
-    if args.sae_in or args.sae_out:
-        if not (args.sae_in and args.sae_out) or len(layers) != 1:
-            raise ValueError("--sae-in and --sae-out go together, with a single --layer")
-        sae_paths = {layers[0]: (args.sae_in, args.sae_out)}
     cfg = CircuitConfig(top_n=args.top_n, max_rank=args.max_rank)
-    done = ensure_circuits(run, model, tok, corpus, layers, cfg, args.corr_rows, sae_paths)
+    done = ensure_circuits(run, model, tok, corpus, layers, cfg, args.corr_rows, _sae_paths(args, layers))
     print(f"circuit tables for layers {layers} in {run.tables} (computed now: {done or 'none, all up to date'})")
 
 
@@ -139,8 +149,13 @@ def cmd_features(args: argparse.Namespace) -> None:
 
 def cmd_report(args: argparse.Namespace) -> None:
     from pipelines.report import ReportConfig, write_report
+    from pipelines.stages import token_rows
 
-    path = write_report(RunPaths(args.out), ReportConfig())
+    cfg = ReportConfig()
+    run, model, tok, corpus, layers = _load(args)
+    tokens = None if args.corpus is None else token_rows(corpus, tok, model.cfg.n_ctx)[1].tokens[: cfg.scatter_rows]
+    path = write_report(run, cfg, tokens, model=model, sae_paths=_sae_paths(args, layers),
+                        model_dir=args.model or run.lm)
     print(f"report: {path}")
 
 
@@ -202,9 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the interactions, gates, eigen and lowrank tables under OUT/tables/. "
                                    "Layers already done with the same settings are skipped.")
     _model_args(p)
-    p.add_argument("--sae-in", type=Path, default=None, help="input-side (resid_mid) SAE folder, with --layer")
-    p.add_argument("--sae-out", type=Path, default=None, help="output-side (mlp_out) SAE folder, with --layer")
-    p.add_argument("--layer", dest="layers", default=argparse.SUPPRESS, help="one layer (same as --layers L)")
+    _sae_args(p)
     p.add_argument("--top-n", type=int, default=50, help="interactions kept per output feature (default: %(default)s)")
     p.add_argument("--max-rank", type=int, default=8, help="largest low-rank approximation r (default: %(default)s)")
     p.add_argument("--corr-rows", type=int, default=1024, help="held-out corpus rows for correlations (default: %(default)s)")
@@ -219,8 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_features)
 
     p = sub.add_parser("report", help="write the HTML report of a run",
-                       description="Write OUT/report/index.html with PNG figures from the run's tables.")
-    _run_arg(p)
+                       description="Write OUT/report/index.html with PNG figures from the run's tables "
+                                   "(and, for the scatter plots and heatmaps, its model and SAEs, or "
+                                   "the explicit ones the tables were computed with).")
+    _model_args(p)
+    _sae_args(p)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("demo", help="run every stage on the built-in corpus",

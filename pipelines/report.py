@@ -10,6 +10,7 @@ section instead of failing the report.
 
 from __future__ import annotations
 
+import functools
 import html
 import shutil
 import uuid
@@ -64,13 +65,15 @@ def write_report(
     tokens: torch.Tensor | None = None,
     model: HookedTransformer | None = None,
     sae_paths: dict[int, tuple[Path, Path]] | None = None,
+    model_dir: Path | None = None,
 ) -> Path:
     """Write `run.report/index.html` and its figures; returns the page's path.
 
     `tokens` `[n_seq, n_ctx]` feed the scatter plots; by default the first
     `cfg.scatter_rows` held-out rows of the run's built-in corpus are used. `model`
-    (default: the run's `lm/`) and `sae_paths[layer] = (input SAE, output SAE)` (default:
-    the run's `saes/`) must be those the circuit tables were computed with, as given to
+    (default: loaded from `model_dir`, itself defaulting to the run's `lm/`, which also gives
+    the tokenizer) and `sae_paths[layer] = (input SAE, output SAE)` (default: the run's
+    `saes/`) must be those the circuit tables were computed with, as given to
     `pipelines.stages.ensure_circuits`. The report is built in a temporary folder that then
     replaces the old one, so no stale figure survives.
     """
@@ -79,7 +82,7 @@ def write_report(
     tmp = run.root / f".report.{uuid.uuid4().hex}.tmp"
     tmp.mkdir()
     try:
-        page = _page(_Builder(run, cfg, tmp, tokens, model, sae_paths or {}))
+        page = _page(_Builder(run, cfg, tmp, tokens, model, sae_paths or {}, model_dir or run.lm))
         (tmp / INDEX).write_text(page, encoding="utf-8")
         if run.report.exists():
             shutil.rmtree(run.report)
@@ -93,9 +96,10 @@ class _Builder:
     """The run's tables and lazily loaded model and SAEs, shared by the sections."""
 
     def __init__(self, run: RunPaths, cfg: ReportConfig, folder: Path, tokens: torch.Tensor | None,
-                 model: HookedTransformer | None, sae_paths: dict[int, tuple[Path, Path]]):
+                 model: HookedTransformer | None, sae_paths: dict[int, tuple[Path, Path]],
+                 model_dir: Path):
         self.run, self.cfg, self.folder, self.tokens = run, cfg, folder, tokens
-        self.sae_paths = sae_paths
+        self.sae_paths, self.model_dir = sae_paths, Path(model_dir)
         self.tables = {name: _read(run, name) for name in
                        ("sae_metrics", "lowrank", "eigen", "gates", "interactions", "features")}
         features = self.tables["features"]
@@ -104,16 +108,16 @@ class _Builder:
         self._model = model
         self._layers: dict[int, _LayerWeights] = {}
 
-    @property
+    @functools.cached_property
     def tokenizer(self):
-        """The run's tokenizer, or None when the run has none (tokens were passed in)."""
-        path = self.run.lm / "tokenizer.json"
+        """The model's tokenizer, or None when there is none (tokens were passed in)."""
+        path = self.model_dir / "tokenizer.json"
         return load_tokenizer(path) if path.is_file() else None
 
     @property
     def model(self):
         if self._model is None:
-            self._model, _ = load_model(self.run.lm)
+            self._model, _ = load_model(self.model_dir)
             self._model.eval()
         return self._model
 
@@ -407,6 +411,8 @@ def _scatter_tokens(b: _Builder) -> torch.Tensor | None:
     if b.tokens is not None:
         return b.tokens[:n]
     if not b.run.corpus.is_dir():
+        return None
+    if b.tokenizer is None:
         return None
     train, held_out = token_rows(str(b.run.corpus), b.tokenizer, b.model.cfg.n_ctx)
     # held-out rows first: neither the LM nor the SAEs trained on them

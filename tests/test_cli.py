@@ -58,6 +58,10 @@ def test_explicit_paths(run, tmp_path):
     theirs = pd.read_parquet(run / "tables" / "interactions")
     theirs = theirs[theirs["layer"].astype(int) == 1]
     assert ours["coefficient"].tolist() == pytest.approx(theirs["coefficient"].tolist(), rel=1e-5)
+    assert main(["report", "--out", str(tmp_path), "--corpus", str(run / "corpus"), "--model", str(run / "lm"),
+                 "--layer", "1", "--sae-in", str(run / "saes/layer1_resid_mid"),
+                 "--sae-out", str(run / "saes/layer1_mlp_out")]) == 0
+    assert list((tmp_path / "report").glob("scatter_L1_*.png"))  # drawn from the explicit model and SAEs
 
 
 def test_bad_input_gives_clear_errors(run, tmp_path, capsys):
