@@ -132,7 +132,9 @@ def feature_table(
     flat_all = torch.arange(tokens.numel()).reshape(tokens.shape)
     batches = iter_activations(model, tokens, list(saes), keep=keep, batch_seqs=cfg.batch_rows)
     bar = tqdm(total=len(tokens), desc="features", unit="row")
-    for start, acts in zip(range(0, len(tokens), cfg.batch_rows), batches):
+    # iter_activations skips batches with nothing kept; pair each yield with its own rows
+    starts = [s for s in range(0, len(tokens), cfg.batch_rows) if keep[s : s + cfg.batch_rows].any()]
+    for start, acts in zip(starts, batches, strict=True):
         part = slice(start, start + cfg.batch_rows)
         flat = flat_all[part][keep[part]]
         labels = {k: v[part][keep[part]] for k, v in rows.labels.items()}
