@@ -1,0 +1,73 @@
+"""One command at a time per run directory.
+
+Two commands writing one run would race (one deleting what the other reads, the last
+writer winning), so every command takes an exclusive `flock` on `<run>/.lock` for as long
+as it runs, and writes its pid and stage there so that a second command can say who holds
+it. The operating system drops the lock when the holder exits, however it exits, so a
+killed command never leaves the run locked. Taking the lock again in the same process (the
+demo runs every stage) is free.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+_held: dict[Path, int] = {}
+
+
+class RunBusyError(RuntimeError):
+    """Another process holds the run directory's lock."""
+
+
+@contextmanager
+def run_lock(root: str | Path, stage: str) -> Iterator[None]:
+    """Hold the lock of run directory `root` while `stage` runs; RunBusyError if taken."""
+    root = Path(root).resolve()
+    if root in _held:
+        _held[root] += 1
+        try:
+            yield
+        finally:
+            _held[root] -= 1
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        handle = open(root / LOCK_FILE, "a+")
+    except PermissionError as err:
+        raise PermissionError(f"cannot write to the run directory {root}: {err.strerror}") from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = _holder(handle.read())
+            raise RunBusyError(
+                f"run directory {root} is in use by {holder}; wait for it to finish or use another --out"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "stage": stage, "since": time.strftime("%H:%M:%S")}))
+        handle.flush()
+        _held[root] = 1
+        try:
+            yield
+        finally:
+            del _held[root]
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        handle.close()
+
+
+def _holder(text: str) -> str:
+    try:
+        info = json.loads(text)
+        return f"`{info['stage']}` (process {info['pid']}, since {info['since']})"
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return "another process"
