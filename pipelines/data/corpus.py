@@ -1,112 +1,284 @@
-"""Corpora: write the built-in stories to Parquet, and read any supported source as text.
+"""Corpora: read any supported source as a stream of documents, and write the built-in one.
 
-A corpus source is one of:
-- a Parquet file or folder with a `text` column (the built-in corpus is one),
-- a JSONL file with a `text` field per line,
-- a plain text file, one document per blank-line-separated paragraph,
-- a folder saved by `datasets.Dataset.save_to_disk`,
-- `hf:<name>[:<split>]`, a `datasets` dataset by name (local cache or network).
+A corpus source is one of
+- a Parquet file or folder, or a JSONL file (one JSON object per line), with a text column
+  (`text` unless `--text-column` says otherwise);
+- a plain text file, one document per blank-line-separated paragraph;
+- any of those files compressed with gzip (`.gz`), bzip2 (`.bz2`), xz (`.xz`) or
+  zstandard (`.zst`), read as they are;
+- a folder saved by `datasets.Dataset.save_to_disk`;
+- `hf:<name>[:<split>]`, a `datasets` dataset by name, streamed (a local cache offline).
+
+Documents come in batches (`Documents`), so no corpus is ever held whole. Besides the text a
+document may carry a class (`--label-column`, e.g. a review's polarity) and character spans
+with labels (a `spans` column of `[start, end, label]` triples, as the built-in stories
+have), which `pipelines.data.labels` turns into per-token labels. Null or blank texts are
+skipped and counted; a text column that holds no text, or bytes that are not UTF-8, are
+errors that name the file.
 """
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import io
+import itertools
 import json
+import lzma
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from circuits.tables import write_table
-from pipelines.stories import Story, StoryConfig, generate_stories
+from circuits.config import Config, option
+from pipelines.data.stories import Story, StoryConfig, generate_stories
+from pipelines.engine.files import atomic_dir, digest, text_digest, write_json
 
-TEXT_COLUMN = "text"
-CORPUS_TABLE = "corpus"
-
-
-def stories_frame(stories: list[Story]) -> pd.DataFrame:
-    """Stories as a table: text plus ground-truth spans as list columns."""
-    return pd.DataFrame(
-        {
-            TEXT_COLUMN: [s.text for s in stories],
-            "negation_spans": [[list(x) for x in s.negation_spans] for s in stories],
-            "sentiment_spans": [[list(x) for x in s.sentiment_spans] for s in stories],
-            "context_spans": [[list(x) for x in s.context_spans] for s in stories],
-        }
-    )
+SPANS_COLUMN = "spans"
+BATCH_DOCS = 2048
+LEXICON_FILE = "lexicon.tsv"
+_OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
-def frame_stories(df: pd.DataFrame) -> list[Story]:
-    """Inverse of `stories_frame`."""
-    return [
-        Story(
-            text=row.text,
-            negation_spans=[tuple(x) for x in row.negation_spans],
-            sentiment_spans=[tuple(x) for x in row.sentiment_spans],
-            context_spans=[tuple(x) for x in row.context_spans],
-        )
-        for row in df.itertuples(index=False)
-    ]
+@dataclass(frozen=True)
+class CorpusConfig(Config):
+    """How a corpus is read and which labels come with it."""
+
+    text_column: str = option("text", "column (or JSON field) holding each document's text")
+    label_column: str | None = option(None, "column with a class per document (e.g. a review's polarity), for feature labels")
+    lexicon: str | None = option(None, "file of 'word<TAB>class' lines (a number as class: its sign), for feature labels")
+    held_out: float = option(0.05, "share of documents held out from training (chosen by document, seeded)", low=0.001, high=0.5)
+    split_seed: int = option(0, "seed of the held-out choice")
 
 
-SPAN_TYPE = pa.list_(pa.list_(pa.int64()))
-STORY_SCHEMA = pa.schema(
-    [
-        (TEXT_COLUMN, pa.string()),
-        ("negation_spans", SPAN_TYPE),
-        ("sentiment_spans", SPAN_TYPE),
-        ("context_spans", SPAN_TYPE),
-    ]
-)
+@dataclass
+class Documents:
+    """A batch of documents: texts, and where present a class and labelled spans each."""
+
+    texts: list[str]
+    classes: list[str | None] | None = None
+    spans: list[list[tuple[int, int, str]]] | None = None
+    skipped: int = 0  # null or blank texts left out of this batch
 
 
-def write_story_corpus(cfg: StoryConfig, out_dir: str | Path) -> Path:
-    """Generate the built-in corpus and write it as a Parquet table; returns the folder."""
-    df = stories_frame(generate_stories(cfg))
-    write_table(df, out_dir, CORPUS_TABLE, schema=STORY_SCHEMA)
-    (Path(out_dir) / CORPUS_TABLE / "_story_config.json").write_text(
-        json.dumps(cfg.__dict__, indent=2)
-    )
-    return Path(out_dir) / CORPUS_TABLE
+@dataclass
+class CorpusInfo:
+    """What a corpus is, for reports and stamps."""
+
+    name: str
+    digest: str
+    skipped: int = 0
+    extra: dict = field(default_factory=dict)
 
 
-def has_ground_truth(df: pd.DataFrame) -> bool:
-    return {"negation_spans", "sentiment_spans", "context_spans"} <= set(df.columns)
+def corpus_digest(source: str) -> str:
+    """Content digest of a local corpus; a hub dataset is identified by its name."""
+    if source.startswith("hf:"):
+        return text_digest("hf", source)
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"corpus {path} does not exist")
+    return digest(path)
 
 
-def load_corpus(source: str | Path) -> pd.DataFrame:
-    """Read a corpus source (see the module docstring) as a frame with a `text` column.
+def iter_documents(source: str, cfg: CorpusConfig, batch_docs: int = BATCH_DOCS) -> Iterator[Documents]:
+    """Stream the documents of `source` in batches (see the module docstring)."""
+    records = _records(source, cfg)
+    where = source
+    while True:
+        chunk = list(itertools.islice(records, batch_docs))
+        if not chunk:
+            return
+        yield _documents(chunk, cfg, where)
 
-    Ground-truth columns of the built-in corpus come along when present.
-    """
-    source_str = str(source)
-    if source_str.startswith("hf:"):
-        df = _load_hub_dataset(source_str[3:])
+
+def _documents(chunk: list[dict], cfg: CorpusConfig, where: str) -> Documents:
+    texts, classes, spans, skipped = [], [], [], 0
+    for record in chunk:
+        text = record.get(cfg.text_column)
+        if text is None or (isinstance(text, float) and text != text):
+            skipped += 1
+            continue
+        if not isinstance(text, str):
+            raise ValueError(f"corpus {where}: column {cfg.text_column!r} holds {type(text).__name__} "
+                             f"values such as {text!r}, not text")
+        if not text.strip():
+            skipped += 1
+            continue
+        texts.append(text)
+        if cfg.label_column is not None:
+            value = record.get(cfg.label_column)
+            classes.append(None if value is None or value != value else str(value))
+        raw = record.get(SPANS_COLUMN)
+        spans.append([_span(s) for s in raw] if raw is not None else [])
+    has_spans = any(spans)
+    return Documents(texts, classes if cfg.label_column is not None else None,
+                     spans if has_spans else None, skipped)
+
+
+def _span(span) -> tuple[int, int, str]:
+    """A labelled span from a `{start, end, label}` struct or a `[start, end, label]` list."""
+    if isinstance(span, dict):
+        return int(span["start"]), int(span["end"]), str(span["label"])
+    start, end, label = span
+    return int(start), int(end), str(label)
+
+
+def _records(source: str, cfg: CorpusConfig) -> Iterator[dict]:
+    """Each document of the source as a dict of its columns."""
+    if source.startswith("hf:"):
+        yield from _hub_records(source[3:])
+        return
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"corpus {path} does not exist")
+    columns = [c for c in (cfg.text_column, cfg.label_column) if c]
+    if path.is_dir() and (path / "dataset_info.json").is_file():
+        yield from _datasets_records(path, columns)
+    elif path.is_dir() or path.suffix == ".parquet":
+        yield from _parquet_records(path, columns)
     else:
-        path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"corpus {path} does not exist")
-        if path.is_dir() and (path / "dataset_info.json").exists():
-            import datasets
-
-            df = datasets.load_from_disk(str(path)).to_pandas()
-        elif path.is_dir() or path.suffix == ".parquet":
-            df = pd.read_parquet(path)
-        elif path.suffix in (".jsonl", ".json"):
-            df = pd.read_json(path, lines=True)
-        else:
-            paragraphs = path.read_text(encoding="utf-8").split("\n\n")
-            df = pd.DataFrame({TEXT_COLUMN: [p.strip() for p in paragraphs if p.strip()]})
-    if TEXT_COLUMN not in df.columns:
-        raise ValueError(f"corpus {source} has no '{TEXT_COLUMN}' column; columns: {list(df.columns)}")
-    df = df[df[TEXT_COLUMN].astype(str).str.strip().astype(bool)].reset_index(drop=True)
-    if df.empty:
-        raise ValueError(f"corpus {source} is empty: no non-blank '{TEXT_COLUMN}' entries")
-    return df
+        yield from _text_file_records(path, cfg)
 
 
-def _load_hub_dataset(spec: str) -> pd.DataFrame:
-    """`name[:split]` through `datasets`; offline this works only for cached datasets."""
+def _parquet_records(path: Path, columns: list[str]) -> Iterator[dict]:
+    files = sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(".")) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"corpus {path} holds no Parquet files")
+    for file in files:
+        try:
+            handle = pq.ParquetFile(file)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise ValueError(f"corpus {file} is not a readable Parquet file: {err}") from None
+        names = handle.schema_arrow.names
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise ValueError(f"corpus {file} has no column {missing[0]!r}; its columns are {names}")
+        wanted = columns + ([SPANS_COLUMN] if SPANS_COLUMN in names else [])
+        for batch in handle.iter_batches(batch_size=BATCH_DOCS, columns=wanted):
+            yield from batch.to_pylist()
+
+
+def _datasets_records(path: Path, columns: list[str]) -> Iterator[dict]:
+    import datasets
+
+    ds = datasets.load_from_disk(str(path))
+    missing = [c for c in columns if c not in ds.column_names]
+    if missing:
+        raise ValueError(f"corpus {path} has no column {missing[0]!r}; its columns are {ds.column_names}")
+    for start in range(0, len(ds), BATCH_DOCS):
+        batch = ds[start : start + BATCH_DOCS]
+        names = list(batch)
+        yield from (dict(zip(names, values)) for values in zip(*batch.values()))
+
+
+def _hub_records(spec: str) -> Iterator[dict]:
+    """`name[:split]` streamed through `datasets`; offline only a cached dataset works."""
     import datasets
 
     name, _, split = spec.partition(":")
-    return datasets.load_dataset(name, split=split or "train").to_pandas()
+    try:
+        stream = datasets.load_dataset(name, split=split or "train", streaming=True)
+        yield from stream
+    except (FileNotFoundError, ConnectionError, ValueError, OSError) as err:
+        raise ValueError(
+            f"cannot read the hub dataset hf:{spec} ({type(err).__name__}: {str(err).splitlines()[0]}). "
+            "Without a network only datasets in the local cache work (HF_DATASETS_OFFLINE is set); "
+            "save it once with `datasets` or pass a local file"
+        ) from None
+
+
+def _open_text(path: Path):
+    opener = _OPENERS.get(path.suffix)
+    if path.suffix == ".zst":
+        import zstandard
+
+        raw = zstandard.ZstdDecompressor().stream_reader(path.open("rb"))
+        return io.TextIOWrapper(raw, encoding="utf-8")
+    if opener is not None:
+        return opener(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+def _inner_suffix(path: Path) -> str:
+    """`.jsonl` for `x.jsonl.gz`, `.txt` for `x.txt`."""
+    if path.suffix in (*_OPENERS, ".zst"):
+        return Path(path.stem).suffix
+    return path.suffix
+
+
+def _text_file_records(path: Path, cfg: CorpusConfig) -> Iterator[dict]:
+    json_lines = _inner_suffix(path) in (".jsonl", ".json", ".ndjson")
+    try:
+        with _open_text(path) as handle:
+            if json_lines:
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"corpus {path}, line {number}: not JSON ({err.msg})") from None
+                return
+            paragraph: list[str] = []
+            for line in handle:
+                if line.strip():
+                    paragraph.append(line.rstrip("\n"))
+                elif paragraph:
+                    yield {cfg.text_column: "\n".join(paragraph)}
+                    paragraph = []
+            if paragraph:
+                yield {cfg.text_column: "\n".join(paragraph)}
+    except UnicodeDecodeError as err:
+        raise ValueError(f"corpus {path} is not UTF-8 text: byte {err.object[err.start:err.start + 1]!r} "
+                         f"at offset {err.start} of a block cannot be decoded") from None
+    except (EOFError, OSError, lzma.LZMAError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise ValueError(f"corpus {path} cannot be read: {err}") from None
+
+
+# ------------------------------------------------------------------ the built-in corpus
+
+
+STORY_SCHEMA = pa.schema([
+    ("text", pa.string()),
+    (SPANS_COLUMN, pa.list_(pa.struct([("start", pa.int64()), ("end", pa.int64()), ("label", pa.string())]))),
+])
+
+
+def story_spans(story: Story) -> list[tuple[int, int, str]]:
+    """A story's ground truth as labelled character spans: `negation` (from the cue to the
+    word it flips), `context=positive|negative` and `sentiment=positive|negative`."""
+    name = {1: "positive", -1: "negative"}
+    spans = [(a, b, "negation") for a, b in story.negation_spans]
+    spans += [(a, b, f"context={name[v]}") for a, b, v in story.context_spans]
+    spans += [(a, b, f"sentiment={name[v]}") for a, b, v in story.sentiment_spans]
+    return sorted(spans)
+
+
+def stories_frame(stories: list[Story]) -> pd.DataFrame:
+    return pd.DataFrame({
+        "text": [s.text for s in stories],
+        SPANS_COLUMN: [[{"start": a, "end": b, "label": label} for a, b, label in story_spans(s)]
+                       for s in stories],
+    })
+
+
+def write_story_corpus(cfg: StoryConfig, folder: str | Path) -> Path:
+    """Generate the built-in corpus into `folder`: `part.parquet` (text and spans), the
+    sentiment words as `lexicon.tsv`, and `story_config.json`. Returns the folder."""
+    from pipelines.data.stories import NEGATIVE, POSITIVE
+
+    folder = Path(folder)
+    with atomic_dir(folder) as tmp:
+        table = pa.Table.from_pandas(stories_frame(generate_stories(cfg)), schema=STORY_SCHEMA,
+                                     preserve_index=False)
+        pq.write_table(table, tmp / "part.parquet")
+        lines = [f"{w}\tpositive" for w in POSITIVE] + [f"{w}\tnegative" for w in NEGATIVE]
+        (tmp / LEXICON_FILE).write_text("\n".join(lines) + "\n")
+        write_json(tmp / "story_config.json", cfg.to_json())
+    return folder

@@ -8,14 +8,17 @@ negation can be predicted only from the negation AND the context's valence, the 
 a bilinear MLP can compute as a product of two features.
 
 Each story comes with character-level ground truth: where each negation's scope (from the
-cue up to the word it flips: "not", "did not feel") and each sentiment word is, and which valence the context has from each point on. `token_labels`
-in `pipelines/data.py` turns it into per-token labels.
+cue up to the word it flips: "not", "did not feel") and each sentiment word is, and which
+valence the context has from each point on. `pipelines.data.corpus.story_spans` turns it
+into labelled spans, the corpus format that any corpus can use.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+
+from circuits.config import Config, option
 
 NAMES = {
     "she": ["Mia", "Lily", "Emma", "Sara", "Anna", "Zoe", "Lucy", "Ella", "Amy", "Rose",
@@ -100,17 +103,21 @@ ENDINGS = [
 ]
 
 
-@dataclass
-class StoryConfig:
+@dataclass(frozen=True)
+class StoryConfig(Config):
     """How many stories to make and how they are mixed."""
 
-    n_stories: int = 20000  # stories to generate
-    seed: int = 0  # seed of the generator; same seed, same corpus
-    min_episodes: int = 1  # fewest valence episodes per story
-    max_episodes: int = 3  # most valence episodes per story
-    min_reactions: int = 1  # fewest reaction sentences per episode
-    max_reactions: int = 3  # most reaction sentences per episode
-    negation_rate: float = 0.5  # share of reactions that are negated
+    n_stories: int = option(20000, "stories to generate", low=1)
+    seed: int = option(0, "seed of the generator; same seed, same corpus")
+    min_episodes: int = option(1, "fewest valence episodes per story", low=1)
+    max_episodes: int = option(3, "most valence episodes per story", low=1)
+    min_reactions: int = option(1, "fewest reaction sentences per episode", low=1)
+    max_reactions: int = option(3, "most reaction sentences per episode", low=1)
+    negation_rate: float = option(0.5, "share of reactions that are negated", low=0.0, high=1.0)
+
+    def check(self) -> None:
+        if self.min_episodes > self.max_episodes or self.min_reactions > self.max_reactions:
+            raise ValueError("StoryConfig: min_episodes/min_reactions must not exceed max_episodes/max_reactions")
 
 
 @dataclass

@@ -1,0 +1,118 @@
+"""Per-token labels from what the user (or the story generator) supplies, one mechanism for all.
+
+Three sources of labels, each a *channel* with a few *classes*:
+
+- labelled character spans in the corpus (`spans` column): a span labelled `negation`
+  gives channel `negation` (class `negation`); `context=positive` gives channel `context`,
+  class `positive`. The built-in stories carry `negation`, `context=...` and
+  `sentiment=...` spans;
+- a document class (`--label-column polarity`): channel `polarity`, every token of a
+  document labelled with the document's class;
+- a lexicon (`--lexicon words.tsv`, `word<TAB>class`): channel `lexicon`, the tokens of
+  each listed word labelled with its class. The lexicon also names, per class, the
+  vocabulary pieces that are whole listed words, for logit effects ("boosts positive
+  words"). The built-in corpus ships its sentiment words as such a file.
+
+A token's label in a channel is stored as an int8, 0 for none and i + 1 for class i.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from pipelines.data.tokenizer import WORD_START
+
+MAX_CLASSES = 127  # int8 codes
+LEXICON_CHANNEL = "lexicon"
+_WORD = re.compile(r"\w+(?:'\w+)*")
+
+
+def read_lexicon(path: str | Path, lowercase: bool = True) -> dict[str, str]:
+    """`word -> class` from lines `word<TAB>class` (or whitespace-separated). A numeric class
+    becomes `positive` or `negative` by its sign (VADER's and AFINN's files work as they are);
+    phrases, zeros and `#` comments are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"lexicon {path} does not exist")
+    words: dict[str, str] = {}
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"lexicon {path} is not UTF-8 text") from None
+    for line in lines:
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split("\t") if "\t" in line else line.split()
+        if len(parts) < 2 or " " in parts[0].strip():
+            continue
+        word, label = parts[0].strip(), parts[1].strip()
+        try:
+            score = float(label)
+        except ValueError:
+            pass
+        else:
+            if score == 0:
+                continue
+            label = "positive" if score > 0 else "negative"
+        words[word.lower() if lowercase else word] = label
+    if not words:
+        raise ValueError(f"lexicon {path} has no 'word<TAB>class' lines")
+    return words
+
+
+def lexicon_token_ids(tok: Tokenizer, lexicon: dict[str, str]) -> dict[str, list[int]]:
+    """Per lexicon class, the vocabulary pieces that are one whole listed word (`▁word`)."""
+    classes: dict[str, list[int]] = {}
+    for piece, index in tok.get_vocab().items():
+        if piece.startswith(WORD_START) and piece[1:] in lexicon:
+            classes.setdefault(lexicon[piece[1:]], []).append(index)
+    return {c: sorted(ids) for c, ids in sorted(classes.items())}
+
+
+class Labeller:
+    """Turns one document's spans, class and words into per-token label codes."""
+
+    def __init__(self, lexicon: dict[str, str] | None, class_channel: str | None, lowercase: bool):
+        self.lexicon = lexicon
+        self.class_channel = class_channel
+        self.lowercase = lowercase
+        self.classes: dict[str, list[str]] = {}  # channel -> its classes in code order
+
+    def _code(self, channel: str, label: str) -> int:
+        classes = self.classes.setdefault(channel, [])
+        if label not in classes:
+            if len(classes) == MAX_CLASSES:
+                raise ValueError(f"label channel {channel!r} has more than {MAX_CLASSES} classes")
+            classes.append(label)
+        return classes.index(label) + 1
+
+    def label(self, text: str, offsets: list[tuple[int, int]], doc_class: str | None,
+              spans: list[tuple[int, int, str]] | None) -> dict[str, np.ndarray]:
+        """Codes `[n_tokens]` int8 per channel for a document's tokens with char `offsets`."""
+        n = len(offsets)
+        starts = np.fromiter((a for a, _ in offsets), dtype=np.int64, count=n)
+        ends = np.fromiter((b for _, b in offsets), dtype=np.int64, count=n)
+        out: dict[str, np.ndarray] = {}
+
+        def mark(channel: str, label: str, a: int, b: int) -> None:
+            inside = (starts >= a) & (ends <= b) & (ends > starts)
+            if inside.any():
+                codes = out.setdefault(channel, np.zeros(n, dtype=np.int8))
+                codes[inside] = self._code(channel, label)
+
+        for a, b, name in spans or ():
+            channel, _, label = name.partition("=")
+            mark(channel, label or channel, a, b)
+        if self.class_channel is not None and doc_class is not None:
+            out.setdefault(self.class_channel, np.zeros(n, dtype=np.int8))[:] = self._code(self.class_channel, doc_class)
+        if self.lexicon:
+            source = text.lower() if self.lowercase else text
+            for match in _WORD.finditer(source):
+                label = self.lexicon.get(match.group())
+                if label is not None:
+                    mark(LEXICON_CHANNEL, label, match.start(), match.end())
+        return out
