@@ -1,189 +1,320 @@
 """One layer's circuit analysis, end to end: weights and activations in, tables out.
 
-Tables (see `circuits.tables` for columns and types):
-- `interactions`: per output feature, the top terms of each kind (`self`, `cross`,
-  `linear`, `constant`) of its quadratic form in the input SAE's latents, by |coefficient|;
-- `gates`: per output feature, the input pairs with the best AND-gate score;
-- `eigen`: per output feature, the largest eigenvalues (by magnitude) of its interaction
-  matrix in the model basis;
+Tables (columns and types in `circuits.tables`):
+- `interactions`: per output, the top terms of each kind (`self`, `cross`, `linear`,
+  `constant`) of its quadratic form in the input SAE's latents, by |coefficient|;
+- `gates`: per output, candidate AND-gate pairs with the weight-only score and, for outputs
+  that are SAE features and given tokens, what each pair contributes on data
+  (`circuits.gates`), ranked per layer by that contribution;
+- `gate_truth`: truth tables of each layer's best `n_truth` data-ranked candidates;
+- `eigen`: per output, the largest eigenvalues of its interaction matrix, each with its
+  share of the spectrum's energy and, on active tokens, of the output's activation;
+- `eigen_inputs`: for each top eigenvector, the input features whose MLP-input directions
+  it reads most (|cosine|, with sign);
 - `lowrank`: per output feature and rank r, the active-only correlation of the rank-r
-  approximation with the feature's real activation;
-- `hosvd` (only without an output SAE): singular values of the bilinear tensor; its left
-  singular vectors then stand in for output features.
+  approximation with its real activation;
+- `hosvd`: singular values, when the outputs are HOSVD directions.
 
-Coefficients are those of `z'^T Qt z'`, which equals the MLP's contribution times
-`rms(r)^2` (a positive per-token factor) and is exact up to the input SAE's reconstruction
-error; see `circuits.sae_basis`.
+Outputs are any directions in mlp_out (`Outputs`): the output SAE's encoder rows (the
+default) or decoder rows, token unembedding directions, HOSVD directions, or vectors from a
+file. Only SAE features have activations, so only they get `lowrank`, data gate statistics
+and truth tables. Coefficients are those of `z'^T Qt z'` (see `circuits.sae_basis`).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
 from circuits.bilinear import hosvd, interaction_matrices
+from circuits.config import Config, option
+from circuits.gates import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
-from circuits.sae_basis import input_basis, output_directions
-from circuits.spectra import active_correlations, eigh_by_magnitude
-from circuits.tables import SCHEMAS, write_table
+from circuits.sae_basis import INPUT_SITES, input_basis
+from circuits.spectra import ActiveCorrelation, eigh_by_magnitude, lowrank_at, rebatch
 from circuits.weights import MLPWeights, SAEWeights
 
 
-@dataclass
-class CircuitConfig:
+@dataclass(frozen=True)
+class CircuitConfig(Config):
     """Settings of the per-layer analysis.
 
     Memory is bounded by about `n_workers * chunk_size * d_model * (d_mlp + 4 * d_model
-    + n_in)` numbers for the weight analysis and `token_batch * (d_model + n_out)` for the
-    correlations, plus the kept eigenvectors, `n_out * d_model * max_rank`.
+    + n_in)` numbers for the weight analysis and `token_batch * (d_model + n_in + n_out)` for
+    the token passes, plus the kept eigenvectors, `n_out * d_model * max_rank`.
     """
 
-    top_n: int = 50  # interactions kept per output feature and kind, by |coefficient|
-    n_gates: int = 20  # AND-gate pairs kept per output feature, by and_score
-    max_rank: int = 8  # low-rank approximations r = 1..max_rank are correlated
-    n_eigen_store: int = 32  # eigenvalues stored per output feature, by |eigenvalue|
-    chunk_size: int = 32  # output features whose interaction matrices are held at once
-    block_size: int = 256  # input features per side of each block of the projected matrix
-    token_batch: int = 8192  # tokens gathered before each correlation update
-    min_active: int = 20  # fewer active tokens than this give corr_active NaN
-    n_hosvd: int = 64  # HOSVD components analysed when there is no output SAE
-    n_workers: int = 0  # threads analysing chunks in parallel on CPU; 0 = torch.get_num_threads()
-    dtype: str = "float32"  # torch dtype of all tensor math (statistics use float64)
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            least = 0 if f.name == "n_workers" else 1
-            if f.name != "dtype" and (not isinstance(value, int) or value < least):
-                raise ValueError(f"CircuitConfig.{f.name} must be an int >= {least}, got {value!r}")
-        if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
-            raise ValueError(f"CircuitConfig.dtype {self.dtype!r} is not a torch dtype")
+    top_n: int = option(50, "interactions kept per output feature and kind (self, cross, linear), by |coefficient|", low=1)
+    n_gates: int = option(20, "weight-ranked AND-gate pairs kept per output feature", low=1)
+    n_coactive: int = option(8, "inputs most often active with an output whose pairs also become gate candidates", low=2)
+    n_truth: int = option(8, "best data-ranked gate candidates per layer with a truth table", low=0)
+    truth_quantile: float = option(0.9, "upper quantile of the output's activation shown per truth-table cell", low=0.0, high=1.0)
+    n_bins: int = option(64, "histogram bins per truth-table cell (the quantile's resolution)", low=2)
+    max_rank: int = option(8, "largest rank r of the low-rank approximations that are correlated", low=1)
+    n_eigen_store: int = option(32, "eigenvalues stored per output feature, by |eigenvalue|", low=1)
+    n_eigen_inputs: int = option(8, "input features listed per top eigenvector, by |cosine|", low=1)
+    min_active: int = option(20, "fewer active tokens than this give NaN correlations and no data gate rank", low=1)
+    n_hosvd: int = option(64, "HOSVD components analysed with --outputs hosvd", low=1)
+    chunk_size: int = option(32, "output features whose interaction matrices are held at once", low=1, runtime=True)
+    block_size: int = option(256, "input features per side of each block of the projected matrix", low=1, runtime=True)
+    token_batch: int = option(8192, "tokens gathered before each statistics update", low=1, runtime=True)
+    n_workers: int = option(0, "threads analysing chunks in parallel on CPU; 0 = torch's thread count", low=0, runtime=True)
+    dtype: str = option("float32", "torch dtype of the tensor math (statistics use float64)", choices=("float32", "float64"))
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
 
-    @classmethod
-    def from_json(cls, text: str) -> "CircuitConfig":
-        data = json.loads(text)
-        unknown = set(data) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown CircuitConfig fields: {sorted(unknown)}")
-        return cls(**data)
+@dataclass
+class Outputs:
+    """The output directions of one analysis and what they are."""
+
+    name: str  # "sae" (encoder rows), "sae-decoder", "hosvd", "logit:good-bad", "file:dirs.npy"
+    directions: torch.Tensor  # [n_out, d_model]
+    sae: SAEWeights | None = None  # the output SAE whose activations define "active", if any
+    singular_values: torch.Tensor | None = None  # [n_out], for HOSVD directions
+
+
+@dataclass
+class LayerBatch:
+    """Tokens of one layer for the statistics passes."""
+
+    x: torch.Tensor  # [t, d_model], the MLP input (after the norm and its gain)
+    z: torch.Tensor  # [t, n_in], input SAE activations
+    scale: torch.Tensor  # [t], s with x^T Q x = s z'^T Qt z' (`circuits.sae_basis.token_scale`)
+    acts: torch.Tensor  # [t, n_out], output SAE activations
+
+
+def hosvd_outputs(mlp: MLPWeights, n: int) -> Outputs:
+    """The top `n` HOSVD directions of the layer as outputs (for layers without output SAE)."""
+    singular, left = hosvd(mlp.W_gate, mlp.W_in, mlp.W_out, n)
+    return Outputs("hosvd", left.T.contiguous(), singular_values=singular)
 
 
 def analyse_layer(
     mlp: MLPWeights,
     sae_in: SAEWeights,
-    sae_out: SAEWeights | None,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]] | None,
+    outputs: Outputs,
+    batches: Callable[[], Iterable[LayerBatch]] | None,
     cfg: CircuitConfig,
     layer: int,
+    input_site: str = "resid_mid",
     timings: dict[str, float] | None = None,
     progress: bool = False,
 ) -> dict[str, pd.DataFrame]:
-    """All circuit tables of one layer.
+    """All circuit tables of one layer (see the module docstring).
 
-    `sae_in` is the SAE on resid_mid (the MLP's input side, before the norm); `sae_out` the
-    SAE on mlp_out, or None to analyse the top `cfg.n_hosvd` HOSVD directions instead (then
-    there is no `lowrank` table). `batches` yields `(x [..., d_model], acts [..., n_out])`:
-    the real MLP input `x = ln2.hook_normalized * ln2.w` and the output SAE's activations of
-    the same tokens; it is read once, after the weight analysis. `timings`, if given,
-    accumulates seconds per stage: `interaction_matrices`, `projection_top` and `eigh`
-    (summed over worker threads), `weights_wall`, `correlations` and `hosvd`. Everything
-    runs on the device of `mlp.W_gate`.
+    `sae_in` is the input SAE, on `input_site` (`resid_mid` before the norm, or `mlp_in`
+    after it). `batches()` returns a fresh iterable of `LayerBatch`es of the same tokens;
+    it is read twice when the outputs are SAE features (correlations and co-activation,
+    then the gate candidates' statistics) and not at all otherwise. `timings`, if given,
+    accumulates seconds per stage. Everything runs on the device of `mlp.W_gate`.
     """
+    if input_site not in INPUT_SITES:
+        raise ValueError(f"unknown input site {input_site!r}; choose from {', '.join(INPUT_SITES)}")
     timings = {} if timings is None else timings
-    _check_shapes(mlp, sae_in, sae_out)
+    _check_shapes(mlp, sae_in, outputs)
     device = mlp.W_gate.device
-    mlp = mlp.to(cfg.torch_dtype, device)
-    sae_in = sae_in.to(cfg.torch_dtype, device)
-    basis = input_basis(sae_in.W_dec, sae_in.b_dec, mlp.g)
-    tables: dict[str, pd.DataFrame] = {}
-    if sae_out is None:
-        with _timed(timings, "hosvd"):
-            singular, left = hosvd(mlp.W_gate, mlp.W_in, mlp.W_out, cfg.n_hosvd)
-        directions = left.T
-        tables["hosvd"] = pd.DataFrame(
-            {"layer": layer, "component": range(len(singular)), "singular_value": _np(singular)}
-        )
-    else:
-        directions = output_directions(sae_out.to(cfg.torch_dtype, device).W_enc)
-
-    n_out = directions.shape[0]
-    R = min(cfg.max_rank, basis.shape[0])
+    dtype = cfg.torch_dtype
+    mlp = mlp.to(dtype, device)
+    sae_in = sae_in.to(dtype, device)
+    directions = outputs.directions.to(device=device, dtype=dtype)
+    basis = input_basis(sae_in.W_dec, sae_in.b_dec, mlp.g if input_site == "resid_mid" else None)
+    n_in = basis.shape[1] - 1
+    unit_inputs = basis[:, :n_in] / basis[:, :n_in].norm(dim=0).clamp_min(1e-30)
+    n_out, d = directions.shape
+    R = min(cfg.max_rank, d)
     lock = threading.Lock()
 
     def analyse_chunk(f0: int) -> tuple:
         with _timed(timings, "interaction_matrices", lock):
-            U = directions[f0 : f0 + cfg.chunk_size]
-            Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, U)
+            Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, directions[f0 : f0 + cfg.chunk_size])
         with _timed(timings, "projection_top", lock):
             inter, gates = interactions_and_gates(Q, basis, cfg.top_n, cfg.n_gates, cfg.block_size)
         with _timed(timings, "eigh", lock):
             lam, V = eigh_by_magnitude(Q)
-        # clone so that the full V [c, d, d] is freed with this chunk
-        stored = lam[:, : cfg.n_eigen_store].clone()
-        return inter, gates, stored, lam[:, :R].clone(), V[:, :, :R].clone()
+        energy = lam.square() / lam.square().sum(-1, keepdim=True).clamp_min(1e-30)
+        top_V = V[:, :, :R].clone()  # clone: the full V [c, d, d] is freed with this chunk
+        cos = top_V.transpose(1, 2) @ unit_inputs  # [c, R, n_in]
+        reads = cos.abs().topk(min(cfg.n_eigen_inputs, n_in), dim=-1).indices
+        return (inter, gates, lam[:, : cfg.n_eigen_store].clone(), energy[:, : cfg.n_eigen_store].clone(),
+                lam[:, :R].clone(), top_V, reads, cos.gather(-1, reads))
 
     workers = 1 if device.type != "cpu" else cfg.n_workers or torch.get_num_threads()
     bar = tqdm(total=n_out, desc=f"layer {layer} weights", unit="feature", disable=not progress)
     with _timed(timings, "weights_wall"), bar:
         chunks = _map_chunks(analyse_chunk, range(0, n_out, cfg.chunk_size), workers,
                              lambda f0: bar.update(min(cfg.chunk_size, n_out - f0)))
-    inter, gates, eig, lam, vec = zip(*chunks)
+    inter, weight_gates, stored, energy, lam, vec, reads, cosines = zip(*chunks)
+    lam, vec = torch.cat(lam), torch.cat(vec)
 
-    tables["interactions"] = _interactions_frame(inter, layer)
-    tables["gates"] = _gates_frame(gates, layer)
-    tables["eigen"] = _eigen_frame(torch.cat(eig), layer)
-    if sae_out is not None:
-        if batches is None:
-            raise ValueError("batches of (x, acts) are needed to correlate output features")
-        # one thread: this stage is many small products, where thread synchronisation costs
-        # more than it saves (several times over on a busy machine)
-        threads = 1 if device.type == "cpu" else None
-        with _timed(timings, "correlations"), _intra_op_threads(threads):
-            batches = tqdm(batches, desc=f"layer {layer} tokens", disable=not progress)
-            n_active, corr = active_correlations(
-                batches, torch.cat(lam), torch.cat(vec), cfg.min_active, cfg.token_batch
-            )
-        tables["lowrank"] = _lowrank_frame(n_active, corr, layer)
-    return tables
-
-
-def write_layer_tables(
-    tables: dict[str, pd.DataFrame], root: str | Path, layer: int
-) -> dict[str, Path]:
-    """Write each table of `analyse_layer` as partition `layer=<layer>` under `root/<name>/`."""
-    return {
-        name: write_table(df, root, name, layer=layer, schema=SCHEMAS[name])
-        for name, df in tables.items()
+    tables = {
+        "interactions": _interactions_frame(inter, layer),
+        "eigen_inputs": _eigen_inputs_frame(torch.cat(reads), torch.cat(cosines), layer),
     }
+    if outputs.singular_values is not None:
+        tables["hosvd"] = pd.DataFrame({"layer": layer, "component": range(n_out),
+                                        "singular_value": _np(outputs.singular_values)})
+    gate_pairs = _weight_gate_pairs(weight_gates)
+    activation_share = None
+    data = None
+    if outputs.sae is not None and batches is not None:
+        threads = 1 if device.type == "cpu" else None  # many small products: one thread is fastest
+        with _timed(timings, "correlations"), _intra_op_threads(threads):
+            first = _first_pass(batches, lam, vec, n_in, cfg, layer, progress)
+        tables["lowrank"] = _lowrank_frame(first["n_active"], first["corr"], layer)
+        activation_share = first["eigen_activation"] / first["act_sum"][:, None].where(
+            first["act_sum"][:, None] != 0, torch.tensor(float("nan"), dtype=torch.float64))
+        with _timed(timings, "gate_statistics"), _intra_op_threads(threads):
+            data = _gate_pass(batches, mlp, basis, directions, gate_pairs, first, cfg, layer, progress)
+    tables["eigen"] = _eigen_frame(torch.cat(stored), torch.cat(energy), activation_share, layer)
+    tables["gates"] = _gates_frame(gate_pairs, data, cfg, layer, mlp, basis, directions)
+    if data is not None:
+        tables["gate_truth"] = _truth_frame(tables["gates"], data, cfg, layer)
+    return {name: frame.assign(outputs=outputs.name, input_site=input_site) for name, frame in tables.items()}
 
 
-def _check_shapes(mlp: MLPWeights, sae_in: SAEWeights, sae_out: SAEWeights | None) -> None:
+# ------------------------------------------------------------------ token passes
+
+
+def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, progress: bool) -> dict:
+    """Correlations, eigen-term activation sums, co-activation counts and activation range."""
+    n_out, R = lam.shape
+    device = lam.device
+    stats = ActiveCorrelation(n_out, R, device)
+    eigen_activation = torch.zeros(n_out, R, dtype=torch.float64, device=device)
+    act_sum = torch.zeros(n_out, dtype=torch.float64, device=device)
+    coactive = torch.zeros(n_out, n_in, dtype=torch.float64, device=device)
+    high = torch.full((n_out,), float("-inf"), dtype=torch.float64, device=device)
+    low = torch.full((n_out,), float("inf"), dtype=torch.float64, device=device)
+    for batch in rebatch(tqdm(batches(), desc=f"layer {layer} tokens", disable=not progress),
+                         cfg.token_batch, lam.dtype, device):
+        token, feature = batch.acts.nonzero(as_tuple=True)
+        if token.numel() == 0:
+            continue
+        approx = lowrank_at(batch.x, lam, vec, token, feature)  # [p, R], cumulative
+        act = batch.acts[token, feature]
+        stats.update(approx, act, feature)
+        terms = torch.diff(approx, dim=1, prepend=torch.zeros_like(approx[:, :1]))
+        eigen_activation.index_add_(0, feature, terms.double())
+        act_sum.index_add_(0, feature, act.double())
+        on_out = (batch.acts != 0).float()
+        coactive += (on_out.T @ (batch.z != 0).float()).double()
+        a64 = batch.acts.double().where(batch.acts != 0, torch.tensor(float("nan"), dtype=torch.float64))
+        high = torch.fmax(high, torch.nan_to_num(a64, nan=float("-inf")).amax(0))
+        low = torch.fmin(low, torch.nan_to_num(a64, nan=float("inf")).amin(0))
+    n_active, corr = stats.result(cfg.min_active)
+    finite = torch.isfinite(high)
+    return {"n_active": n_active, "corr": corr, "eigen_activation": eigen_activation, "act_sum": act_sum,
+            "coactive": coactive, "max": torch.where(finite, high, 0.0), "min": torch.where(finite, low, 0.0)}
+
+
+def _gate_pass(batches, mlp, basis, directions, weight_pairs, first, cfg, layer, progress) -> dict:
+    """Data statistics of each output's candidate pairs: its weight pairs and co-active pairs."""
+    candidates = merge_candidates([weight_pairs, coactive_pairs(first["coactive"], cfg.n_coactive)])
+    n_out, width = candidates.shape
+    out = torch.arange(n_out, device=basis.device)[:, None].expand(n_out, width).reshape(-1)
+    a, b = candidates.in_a.reshape(-1), candidates.in_b.reshape(-1)
+    coefficient = lambda i, j: pair_coefficients(  # noqa: E731
+        mlp.W_gate, mlp.W_in, mlp.W_out, basis, directions, out, i, j).view(n_out, width)
+    cross, self_a, self_b = 2 * coefficient(a, b), coefficient(a, a), coefficient(b, b)
+    stats = GateStats(candidates, cross.double(), first["max"], first["min"], basis.shape[1] - 1, cfg.n_bins)
+    for batch in rebatch(tqdm(batches(), desc=f"layer {layer} gates", disable=not progress),
+                         cfg.token_batch, basis.dtype, basis.device):
+        stats.update(batch.z, batch.scale, batch.acts)
+    return {"candidates": candidates, "cross": cross, "self_a": self_a, "self_b": self_b,
+            "stats": stats.result(cfg.truth_quantile)}
+
+
+# ------------------------------------------------------------------ frames
+
+
+def _weight_gate_pairs(chunks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.cat([c.in_a for c in chunks]), torch.cat([c.in_b for c in chunks]),
+            torch.cat([c.valid for c in chunks]))
+
+
+def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis, directions) -> pd.DataFrame:
+    """Every candidate with its weight coefficients and, when measured, its data statistics."""
+    if data is None:
+        a, b, valid = weight_pairs
+        n_out, width = a.shape
+        out = torch.arange(n_out, device=a.device)[:, None].expand(n_out, width)
+        sel = valid
+        out, a, b = out[sel], a[sel], b[sel]
+        coefficient = lambda i, j: pair_coefficients(  # noqa: E731
+            mlp.W_gate, mlp.W_in, mlp.W_out, basis, directions, out, i, j)
+        cross, self_a, self_b = 2 * coefficient(a, b), coefficient(a, a), coefficient(b, b)
+        frame = pd.DataFrame({"out_feature": _np(out), "in_a": _np(a), "in_b": _np(b),
+                              "cross": _np(cross), "self_a": _np(self_a), "self_b": _np(self_b)})
+        for column in ("n_active", "coactivation", "mean_contribution", "contribution_share", "and_data"):
+            frame[column] = np.nan
+    else:
+        c, stats = data["candidates"], data["stats"]
+        sel = c.valid
+        n_out, width = c.shape
+        out = torch.arange(n_out, device=c.in_a.device)[:, None].expand(n_out, width)
+        frame = pd.DataFrame({
+            "out_feature": _np(out[sel]), "in_a": _np(c.in_a[sel]), "in_b": _np(c.in_b[sel]),
+            "cross": _np(data["cross"][sel]), "self_a": _np(data["self_a"][sel]), "self_b": _np(data["self_b"][sel]),
+            **{k: _np(stats[k][sel]) for k in ("n_active", "coactivation", "mean_contribution",
+                                                 "contribution_share", "and_data")},
+        })
+    frame["and_score"] = frame["cross"] - frame["self_a"].abs() - frame["self_b"].abs()
+    frame["layer"] = layer
+    frame["weight_rank"] = frame.groupby("out_feature")["and_score"].rank(ascending=False, method="first").astype("int64")
+    both_active = frame["coactivation"] * frame["n_active"]
+    usable = (frame["n_active"] >= cfg.min_active) & (both_active >= cfg.min_active)
+    score = frame["contribution_share"].where(usable)
+    frame["data_rank"] = score.groupby(frame["out_feature"]).rank(ascending=False, method="first").astype("Int64")
+    best = frame[frame["data_rank"] == 1]
+    layer_rank = best["contribution_share"].rank(ascending=False, method="first").astype("int64")
+    frame["layer_rank"] = pd.Series(layer_rank, dtype="Int64").reindex(frame.index)
+    return frame.sort_values(["out_feature", "weight_rank"]).reset_index(drop=True)
+
+
+def _truth_frame(gates: pd.DataFrame, data: dict, cfg: CircuitConfig, layer: int) -> pd.DataFrame:
+    """The truth tables of the layer's `n_truth` best data-ranked candidates, a row per cell."""
+    chosen = gates[gates["layer_rank"] <= cfg.n_truth].sort_values("layer_rank")
+    c, stats = data["candidates"], data["stats"]
+    rows = []
+    for g in chosen.itertuples(index=False):
+        f = int(g.out_feature)
+        slot = int(((c.in_a[f] == g.in_a) & (c.in_b[f] == g.in_b) & c.valid[f]).nonzero()[0, 0])
+        for cell, name in enumerate(CELLS):
+            rows.append({
+                "layer": layer, "out_feature": f, "in_a": int(g.in_a), "in_b": int(g.in_b),
+                "layer_rank": int(g.layer_rank), "cell": name,
+                "n_tokens": int(stats["cell_tokens"][f, slot, cell]),
+                "mean_activation": float(stats["cell_mean"][f, slot, cell]),
+                "active_share": float(stats["cell_active_share"][f, slot, cell]),
+                "quantile_activation": float(stats["cell_quantile"][f, slot, cell]),
+            })
+    return pd.DataFrame(rows, columns=["layer", "out_feature", "in_a", "in_b", "layer_rank", "cell", "n_tokens",
+                                       "mean_activation", "active_share", "quantile_activation"])
+
+
+def _check_shapes(mlp: MLPWeights, sae_in: SAEWeights, outputs: Outputs) -> None:
     d_model, d_mlp = mlp.W_gate.shape
     expected = {
         "W_in": (mlp.W_in.shape, (d_model, d_mlp)),
         "W_out": (mlp.W_out.shape, (d_mlp, d_model)),
         "g": (mlp.g.shape, (d_model,)),
         "input SAE W_dec": (sae_in.W_dec.shape[1:], (d_model,)),
+        "output directions": (outputs.directions.shape[1:], (d_model,)),
     }
-    if sae_out is not None:
-        expected["output SAE W_enc"] = (sae_out.W_enc.shape[:1], (d_model,))
+    if outputs.sae is not None:
+        expected["output SAE W_enc"] = (outputs.sae.W_enc.shape[:1], (d_model,))
     for name, (shape, want) in expected.items():
         if tuple(shape) != want:
             raise ValueError(f"{name} has shape {tuple(shape)}, expected {want}")
@@ -264,25 +395,36 @@ def _interactions_frame(chunks, layer: int) -> pd.DataFrame:
     )
 
 
-def _gates_frame(chunks, layer: int) -> pd.DataFrame:
-    valid = torch.cat([c.valid for c in chunks]).cpu()
-    feature, _ = _rows(*valid.shape)
-    frame = {"layer": layer, "out_feature": _np(feature[valid])}
-    for column in ("in_a", "in_b", "and_score", "self_a", "self_b", "cross"):
-        frame[column] = _np(torch.cat([getattr(c, column) for c in chunks]).cpu()[valid])
-    return pd.DataFrame(frame)
-
-
-def _eigen_frame(lam: torch.Tensor, layer: int) -> pd.DataFrame:
+def _eigen_frame(lam: torch.Tensor, energy: torch.Tensor, activation_share: torch.Tensor | None,
+                 layer: int) -> pd.DataFrame:
     feature, rank = _rows(*lam.shape)
+    share = torch.full(lam.shape, float("nan"), dtype=torch.float64)
+    if activation_share is not None:
+        R = min(activation_share.shape[1], lam.shape[1])
+        share[:, :R] = activation_share[:, :R].cpu()
     return pd.DataFrame(
         {
             "layer": layer,
             "out_feature": _np(feature.reshape(-1)),
             "rank": _np(rank.reshape(-1)),
             "eigenvalue": _np(lam.reshape(-1)),
+            "energy_share": _np(energy.reshape(-1)),
+            "activation_share": _np(share.reshape(-1)),
         }
     )
+
+
+def _eigen_inputs_frame(reads: torch.Tensor, cosines: torch.Tensor, layer: int) -> pd.DataFrame:
+    """`reads, cosines [n_out, R, m]` -> one row per (output, eigenvector, input)."""
+    n_out, R, m = reads.shape
+    out = torch.arange(n_out)[:, None, None].expand(n_out, R, m)
+    rank = torch.arange(1, R + 1)[None, :, None].expand(n_out, R, m)
+    position = torch.arange(1, m + 1)[None, None, :].expand(n_out, R, m)
+    return pd.DataFrame({
+        "layer": layer, "out_feature": _np(out.reshape(-1)), "eigen_rank": _np(rank.reshape(-1)),
+        "input_rank": _np(position.reshape(-1)), "in_feature": _np(reads.reshape(-1)),
+        "cosine": _np(cosines.reshape(-1)),
+    })
 
 
 def _lowrank_frame(n_active: torch.Tensor, corr: torch.Tensor, layer: int) -> pd.DataFrame:

@@ -105,38 +105,23 @@ class ActiveCorrelation:
         return self.count.long(), corr
 
 
-def active_correlations(
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    lam: torch.Tensor,
-    V: torch.Tensor,
-    min_active: int,
-    token_batch: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Active-only correlation of each feature's rank-r approximation with its activation.
-
-    `batches` yields `(x [..., d], acts [..., n])`: real MLP inputs (after the RMS norm and
-    its gain) and the output SAE's real activations. A feature counts as active on a token
-    where its activation is nonzero. `lam [n, R]`, `V [n, d, R]` as in `lowrank_at`. Returns
-    `n_active [n]` and `corr [n, R]` (column r-1 is rank r); NaN below `min_active` tokens.
-    """
-    n, R = lam.shape
-    stats = ActiveCorrelation(n, R, lam.device)
-    for x, acts in _rebatch(batches, token_batch, lam.dtype, lam.device):
-        token, feature = acts.nonzero(as_tuple=True)
-        stats.update(lowrank_at(x, lam, V, token, feature), acts[token, feature], feature)
-    return stats.result(min_active)
+def rebatch(batches: Iterable, size: int, dtype: torch.dtype, device) -> Iterator:
+    """Regroup token-level batches (dataclasses of tensors `[t, ...]`) into about `size`
+    tokens each, cast to `dtype` on `device`, so that small input batches do not pay the
+    per-feature loop of `lowrank_at` once each."""
+    held, count = [], 0
+    for batch in batches:
+        held.append(batch)
+        count += next(iter(vars(batch).values())).shape[0]
+        if count >= size:
+            yield _concat(held, dtype, device)
+            held, count = [], 0
+    if held:
+        yield _concat(held, dtype, device)
 
 
-def _rebatch(batches, size: int, dtype, device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Flatten token dims and regroup into about `size` tokens, so small input batches do not
-    pay the per-feature loop of `lowrank_at` once each."""
-    xs, acts, held = [], [], 0
-    for x, a in batches:
-        xs.append(x.reshape(-1, x.shape[-1]).to(device=device, dtype=dtype))
-        acts.append(a.reshape(-1, a.shape[-1]).to(device=device, dtype=dtype))
-        held += xs[-1].shape[0]
-        if held >= size:
-            yield torch.cat(xs), torch.cat(acts)
-            xs, acts, held = [], [], 0
-    if xs:
-        yield torch.cat(xs), torch.cat(acts)
+def _concat(batches: list, dtype: torch.dtype, device):
+    first = batches[0]
+    merged = {name: torch.cat([getattr(b, name) for b in batches]).to(device=device, dtype=dtype)
+              for name in vars(first)}
+    return type(first)(**merged)

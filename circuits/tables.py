@@ -1,129 +1,83 @@
-"""Parquet tables: one folder per table, hive-partitioned by layer, written atomically.
+"""Column names and types of the circuit tables `circuits.layer.analyse_layer` returns.
 
-A partitioned table lives at `<root>/<name>/layer=<l>/part-0.parquet`; an unpartitioned one
-at `<root>/<name>/part-0.parquet`. pandas, pyarrow and DuckDB all read the folder as one
-table (DuckDB with `read_parquet('<root>/<name>/**/*.parquet', hive_partitioning=true)`).
+Feature indices are 0-based; ranks are 1-based (rank 1 is the strongest). The constant
+coordinate of the input side (z'_{n_in} = 1) is written as index -1: a `linear` term is
+(in_a=b, in_b=-1) and the `constant` term is (in_a=-1, in_b=-1). Every table says which
+outputs it describes (`outputs`: `sae`, `sae-decoder`, `hosvd`, `logit:...`, `file:...`)
+and where its input SAE reads (`input_site`: `resid_mid` or `mlp_in`).
 """
 
 from __future__ import annotations
 
-import os
-import uuid
-from pathlib import Path
-
-import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-PART_FILE = "part-0.parquet"
+_KEYS = [("layer", pa.int64()), ("outputs", pa.string()), ("input_site", pa.string()), ("out_feature", pa.int64())]
 
-# Circuit tables written per layer by `circuits.layer`. Feature indices are 0-based;
-# ranks are 1-based (rank 1 is the strongest). The constant coordinate of the input side
-# (z'_{n_in} = 1) is written as index -1: a `linear` term is (in_a=b, in_b=-1) and the
-# `constant` term is (in_a=-1, in_b=-1).
-INTERACTIONS_SCHEMA = pa.schema(
-    [
-        ("layer", pa.int64()),
-        ("out_feature", pa.int64()),
+SCHEMAS = {
+    "interactions": pa.schema(_KEYS + [
         ("rank", pa.int64()),  # 1 = largest |coefficient| of this output feature and kind
         ("in_a", pa.int64()),
         ("in_b", pa.int64()),
         ("kind", pa.string()),  # self | cross | linear | constant
         ("coefficient", pa.float64()),  # multiplies z_a^2, z_a z_b, z_a or 1 respectively
-    ]
-)
-EIGEN_SCHEMA = pa.schema(
-    [
-        ("layer", pa.int64()),
-        ("out_feature", pa.int64()),
+    ]),
+    "gates": pa.schema(_KEYS + [
+        ("in_a", pa.int64()),
+        ("in_b", pa.int64()),  # in_a < in_b
+        ("and_score", pa.float64()),  # cross - |self_a| - |self_b|, from the weights alone
+        ("cross", pa.float64()),  # coefficient of z_a z_b (2 Qt[a, b])
+        ("self_a", pa.float64()),  # coefficient of z_a^2
+        ("self_b", pa.float64()),
+        ("weight_rank", pa.int64()),  # rank by and_score among the output's candidates
+        ("n_active", pa.float64()),  # tokens where the output is active (data)
+        ("coactivation", pa.float64()),  # share of those where a and b are both active
+        ("mean_contribution", pa.float64()),  # mean of cross * z_a z_b * s over the output's active tokens
+        ("contribution_share", pa.float64()),  # its sum over the sum of the output's activation there
+        ("and_data", pa.float64()),  # (m11 - max(m10, m01, m00)) / m11 from the truth table
+        ("data_rank", pa.int64()),  # rank by contribution_share among the output's candidates (null: too few tokens)
+        ("layer_rank", pa.int64()),  # rank of the output's best data pair within the layer (null otherwise)
+    ]),
+    "gate_truth": pa.schema(_KEYS + [
+        ("in_a", pa.int64()),
+        ("in_b", pa.int64()),
+        ("layer_rank", pa.int64()),
+        ("cell", pa.string()),  # on_on | on_off | off_on | off_off (input a, input b)
+        ("n_tokens", pa.int64()),
+        ("mean_activation", pa.float64()),  # of the output, over every token of the cell
+        ("active_share", pa.float64()),  # share of the cell's tokens where the output is active
+        ("quantile_activation", pa.float64()),  # upper quantile (CircuitConfig.truth_quantile)
+    ]),
+    "gate_ablation": pa.schema(_KEYS + [
+        ("in_a", pa.int64()),
+        ("in_b", pa.int64()),
+        ("layer_rank", pa.int64()),
+        ("ablated", pa.string()),  # a | b | both: what was removed from the MLP's input
+        ("n_tokens", pa.int64()),  # held-out tokens where a and b are both active
+        ("activation_before", pa.float64()),  # means over those tokens
+        ("activation_after", pa.float64()),
+        ("pre_before", pa.float64()),  # the output's pre-activation
+        ("pre_after", pa.float64()),
+        ("pre_change_predicted", pa.float64()),  # from the weights and the input SAE's reconstruction
+        ("logprob_before", pa.float64()),  # mean next-token log-probability of the output's boosted tokens
+        ("logprob_after", pa.float64()),
+    ]),
+    "eigen": pa.schema(_KEYS + [
         ("rank", pa.int64()),  # 1 = largest |eigenvalue|
         ("eigenvalue", pa.float64()),
-    ]
-)
-LOWRANK_SCHEMA = pa.schema(
-    [
-        ("layer", pa.int64()),
-        ("out_feature", pa.int64()),
+        ("energy_share", pa.float64()),  # lambda^2 / sum of all lambda^2
+        ("activation_share", pa.float64()),  # sum over active tokens of lambda (v . x)^2 / sum of the activation
+    ]),
+    "eigen_inputs": pa.schema(_KEYS + [
+        ("eigen_rank", pa.int64()),  # which eigenvector (1 = largest |eigenvalue|)
+        ("input_rank", pa.int64()),  # 1 = largest |cosine|
+        ("in_feature", pa.int64()),
+        ("cosine", pa.float64()),  # of the eigenvector with the input's normalised MLP-input direction
+    ]),
+    "lowrank": pa.schema(_KEYS + [
         ("n_eigs", pa.int64()),  # r: eigenpairs in the approximation
         ("n_active", pa.int64()),  # tokens where the feature is active
         ("corr_active", pa.float64()),  # Pearson over active tokens; NaN if too few
-    ]
-)
-GATES_SCHEMA = pa.schema(
-    [
-        ("layer", pa.int64()),
-        ("out_feature", pa.int64()),
-        ("in_a", pa.int64()),
-        ("in_b", pa.int64()),  # in_a < in_b
-        ("and_score", pa.float64()),  # cross - |self_a| - |self_b|
-        ("self_a", pa.float64()),
-        ("self_b", pa.float64()),
-        ("cross", pa.float64()),  # coefficient of z_a z_b
-    ]
-)
-HOSVD_SCHEMA = pa.schema(
-    [
-        ("layer", pa.int64()),
-        ("component", pa.int64()),  # 0-based; the out_feature of the other tables
-        ("singular_value", pa.float64()),
-    ]
-)
-SCHEMAS = {
-    "interactions": INTERACTIONS_SCHEMA,
-    "eigen": EIGEN_SCHEMA,
-    "lowrank": LOWRANK_SCHEMA,
-    "gates": GATES_SCHEMA,
-    "hosvd": HOSVD_SCHEMA,
+    ]),
+    "hosvd": pa.schema([("layer", pa.int64()), ("outputs", pa.string()), ("input_site", pa.string()),
+                        ("component", pa.int64()), ("singular_value", pa.float64())]),
 }
-
-
-def table_path(root: str | Path, name: str, layer: int | None = None) -> Path:
-    """Path of the one Parquet file of table `name` (for `layer`, if partitioned)."""
-    folder = Path(root) / name
-    if layer is not None:
-        folder = folder / f"layer={layer}"
-    return folder / PART_FILE
-
-
-def write_table(
-    df: pd.DataFrame,
-    root: str | Path,
-    name: str,
-    layer: int | None = None,
-    schema: pa.Schema | None = None,
-) -> Path:
-    """Write `df` as table `name` (partition `layer`), replacing any earlier partition.
-
-    The layer lives in the folder name, as hive partitioning wants, so a `layer` column in
-    `df` is dropped. The file is written under a temporary name in the same folder and
-    renamed, so readers never see a half-written file and a crash leaves the old one intact.
-    """
-    path = table_path(root, name, layer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if layer is not None and "layer" in df.columns:
-        df = df.drop(columns="layer")
-    if schema is not None and layer is not None and "layer" in schema.names:
-        schema = schema.remove(schema.get_field_index("layer"))
-    table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def read_table(root: str | Path, name: str) -> pd.DataFrame:
-    """Read a whole table (all partitions); the partition key comes back as a column."""
-    folder = Path(root) / name
-    if not folder.is_dir():
-        raise FileNotFoundError(f"no table {name!r} under {root}")
-    df = pd.read_parquet(folder)
-    if "layer" in df.columns:
-        df["layer"] = df["layer"].astype("int64")
-    return df
-
-
-def has_table(root: str | Path, name: str, layer: int | None = None) -> bool:
-    return table_path(root, name, layer).is_file()

@@ -33,24 +33,69 @@ class MLPWeights:
 
 @dataclass
 class SAEWeights:
-    """A (TopK) SAE as sae-lens stores it.
+    """An SAE's tensors and its exact encoding rule.
 
     Pre-activation: `(a - b_dec * apply_b_dec_to_input) @ W_enc + b_enc`;
-    reconstruction: `z @ W_dec + b_dec`.
+    reconstruction: `z @ W_dec + b_dec`. Encoding keeps the `k` largest pre-activations per
+    token (all of them when `k` is None) and then, with `relu`, zeroes negative ones (sae-lens
+    TopK and ReLU SAEs). With `relu=False` the kept values stay as they are, negative ones
+    included: the paper authors' TopK. A latent is *active* on a token when the encoding
+    selected it with a nonzero value.
     """
 
     W_enc: torch.Tensor  # [d_in, d_sae]
     b_enc: torch.Tensor  # [d_sae]
     W_dec: torch.Tensor  # [d_sae, d_in]
     b_dec: torch.Tensor  # [d_in]
-    apply_b_dec_to_input: bool
+    apply_b_dec_to_input: bool = True
+    k: int | None = None  # latents kept per token; None keeps every one
+    relu: bool = True  # zero negative kept values (False: the authors' raw TopK)
 
     @property
     def d_sae(self) -> int:
         return self.W_enc.shape[1]
 
+    @property
+    def d_in(self) -> int:
+        return self.W_enc.shape[0]
+
     def to(self, dtype: torch.dtype, device: torch.device | str | None = None) -> "SAEWeights":
         return _cast(self, dtype, device)
+
+    def pre(self, a: torch.Tensor) -> torch.Tensor:
+        """Pre-activations `[..., d_sae]` of inputs `a [..., d_in]`."""
+        if self.apply_b_dec_to_input:
+            a = a - self.b_dec
+        return a @ self.W_enc + self.b_enc
+
+    def encode(self, a: torch.Tensor) -> torch.Tensor:
+        """Activations `[..., d_sae]` of inputs `a [..., d_in]` (zeros where inactive)."""
+        pre = self.pre(a)
+        if self.k is not None and self.k < self.d_sae:
+            values, indices = pre.topk(self.k, dim=-1)
+            pre = torch.zeros_like(pre).scatter_(-1, indices, values)
+        return pre.relu() if self.relu else pre
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        """Reconstruction `[..., d_in]` of activations `z [..., d_sae]`."""
+        return z @ self.W_dec + self.b_dec
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Raise ValueError naming the first tensor that holds NaN or Inf.
+
+    Non-finite weights would not fail loudly later: they empty gate tables and turn
+    coefficients into NaN, which reads like a result.
+    """
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            bad = ~torch.isfinite(tensor)
+            kind = "NaN" if torch.isnan(tensor).any() else "Inf"
+            raise ValueError(f"{where}: tensor {name} holds {kind} ({int(bad.sum())} of {tensor.numel()} "
+                             "entries); refusing to analyse non-finite weights")
 
 
 def _cast(weights, dtype, device):
@@ -93,16 +138,20 @@ def from_hooked_transformer(model, layer: int) -> MLPWeights:
 
 
 def from_sae_lens(sae) -> SAEWeights:
-    """The weights of an sae-lens SAE.
+    """The weights of an sae-lens SAE (TopK or plain ReLU).
 
     A TopK SAE trained with `rescale_acts_by_decoder_norm` scales its pre-activations by the
     decoder row norms and divides them out again before decoding; that is folded into the
-    encoder and decoder here so that the plain formulas of `SAEWeights` hold.
+    encoder and decoder here so that the plain formulas of `SAEWeights` hold (the TopK
+    selection then compares the same scaled values).
     """
     cfg = sae.cfg
     norm = getattr(cfg, "normalize_activations", "none")
     if norm not in ("none", None):
         raise ValueError(f"SAE normalises its inputs ({norm!r}); fold the normalisation first")
+    architecture = cfg.architecture() if callable(getattr(cfg, "architecture", None)) else "standard"
+    if architecture not in ("topk", "standard"):
+        raise ValueError(f"unsupported sae-lens architecture {architecture!r}: only TopK and ReLU SAEs")
     W_enc, b_enc, W_dec = sae.W_enc.detach(), sae.b_enc.detach(), sae.W_dec.detach()
     if getattr(cfg, "rescale_acts_by_decoder_norm", False):
         scale = W_dec.norm(dim=-1)
@@ -113,4 +162,5 @@ def from_sae_lens(sae) -> SAEWeights:
         W_dec=W_dec,
         b_dec=sae.b_dec.detach(),
         apply_b_dec_to_input=bool(cfg.apply_b_dec_to_input),
+        k=int(cfg.k) if architecture == "topk" else None,
     )

@@ -1,0 +1,212 @@
+"""AND-gate candidates grounded in data: what a pair contributes on real tokens.
+
+The weight-only `and_score` ranks what the SAE bases allow; a pair the model never sees
+together can score high. Here each output feature f gets candidate input pairs (a, b) from
+two sources: its best weight-ranked pairs, and the pairs among the inputs most often active
+when f is active. On real tokens, streamed in batches with memory independent of their
+number, each candidate gets
+
+- `coactivation`: share of f's active tokens on which a and b are both active;
+- `mean_contribution`: mean over f's active tokens of the cross term's share of the MLP,
+  `2 Qt[a,b] z_a z_b s` (s the per-token factor of `circuits.sae_basis.token_scale`), and
+  `contribution_share`, its sum over the sum of f's activation on those tokens;
+- a truth table over all tokens: four cells by whether a and b are active, each with its
+  token count, f's mean activation, the share of tokens where f is active and an upper
+  quantile of f's activation (from a histogram of `n_bins` bins per cell);
+- `and_data`, an AND score read from the cells: `(m11 - max(m10, m01, m00)) / m11` with
+  `m` the mean activations, near 1 for an AND (f needs both inputs), near 0 for an OR
+  (either input suffices) and negative for an XOR.
+
+Candidate pairs are held as `[n_out, G]` index arrays padded with `valid`, so every update
+is a few gathers and `index_add`s over the (token, output) pairs where f is active.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+CELLS = ("on_on", "on_off", "off_on", "off_off")  # (a, b) active or not; the code is 2*[a off] + [b off]
+
+
+@dataclass
+class Candidates:
+    """Input pairs per output feature, `[n_out, G]` each, padded where `valid` is False."""
+
+    in_a: torch.Tensor  # long
+    in_b: torch.Tensor  # long, > in_a
+    valid: torch.Tensor  # bool
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.in_a.shape)
+
+
+def merge_candidates(pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Candidates:
+    """Union per output feature of several `(in_a, in_b, valid)` sets of `[n_out, G_i]`,
+    each pair once (as a < b)."""
+    a = torch.cat([torch.minimum(x, y) for x, y, _ in pairs], 1)
+    b = torch.cat([torch.maximum(x, y) for x, y, _ in pairs], 1)
+    valid = torch.cat([v & (x != y) for x, y, v in pairs], 1)
+    n_out, width = a.shape
+    big = int(max(int(b.max()) + 2, 2)) if b.numel() else 2
+    key = torch.where(valid, a * big + b, torch.full_like(a, -1))
+    key, _ = key.sort(dim=1, descending=True)
+    duplicate = torch.zeros_like(valid)
+    duplicate[:, 1:] = key[:, 1:] == key[:, :-1]
+    key = torch.where(duplicate, torch.full_like(key, -1), key)
+    key, _ = key.sort(dim=1, descending=True)
+    keep = int((key >= 0).sum(1).max()) if key.numel() else 0
+    key = key[:, : max(keep, 1)]
+    valid = key >= 0
+    safe = key.clamp_min(0)
+    return Candidates(safe // big, safe % big, valid)
+
+
+def coactive_pairs(coactive_counts: torch.Tensor, n_inputs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pairs among each output feature's `n_inputs` most co-active inputs.
+
+    `coactive_counts [n_out, n_in]`: tokens on which output f and input a are both active.
+    Returns `(in_a, in_b, valid)`, each `[n_out, n_inputs * (n_inputs - 1) / 2]`; a pair is
+    valid when both of its inputs were ever active with f.
+    """
+    m = min(n_inputs, coactive_counts.shape[1])
+    counts, top = coactive_counts.topk(m, dim=1)
+    i, j = torch.triu_indices(m, m, offset=1, device=top.device)
+    return top[:, i], top[:, j], (counts[:, i] > 0) & (counts[:, j] > 0)
+
+
+def pair_coefficients(
+    W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, basis: torch.Tensor,
+    directions: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, chunk: int = 4096,
+) -> torch.Tensor:
+    """`Qt[a, b]` of output `out` for each of P triples, without forming any `Q`.
+
+    `Qt[a, b] = 1/2 sum_h w_h (Pg[a,h] Pi[b,h] + Pg[b,h] Pi[a,h])` with `w = W_out u`,
+    `Pg = M^T W_gate`, `Pi = M^T W_in` (M the input basis `[d, n_in + 1]`). Inputs `out, a, b`
+    `[P]` (a == b gives the self term `Qt[a, a]`). Returns `[P]`; memory `chunk * d_mlp`.
+    """
+    Pg, Pi = basis.T @ W_gate, basis.T @ W_in  # [n_in + 1, h]
+    result = torch.empty(out.shape, dtype=W_gate.dtype, device=W_gate.device)
+    for start in range(0, out.numel(), chunk):
+        s = slice(start, start + chunk)
+        w = directions[out[s]] @ W_out.T  # [p, h]
+        both = Pg[a[s]] * Pi[b[s]] + Pg[b[s]] * Pi[a[s]]
+        result[s] = 0.5 * (w * both).sum(-1)
+    return result
+
+
+class GateStats:
+    """Streamed data statistics of candidate pairs (see the module docstring)."""
+
+    def __init__(self, candidates: Candidates, cross: torch.Tensor, max_activation: torch.Tensor,
+                 min_activation: torch.Tensor, n_in: int, n_bins: int = 64):
+        """`cross [n_out, G]`: the candidates' cross coefficients `2 Qt[a, b]`;
+        `max_activation/min_activation [n_out]`: the range of each output's activation
+        (from an earlier pass), which fixes the histogram bins."""
+        self.c = candidates
+        self.cross = cross
+        device, n_out, width = cross.device, *cross.shape
+        self.low = torch.minimum(min_activation, torch.zeros_like(min_activation)).double()
+        high = torch.maximum(max_activation, torch.zeros_like(max_activation)).double()
+        self.width = (high - self.low).clamp_min(1e-30) / n_bins
+        self.n_bins = n_bins
+        self.n_tokens = 0
+        zeros = dict(dtype=torch.float64, device=device)
+        self.input_count = torch.zeros(n_in, **zeros)  # tokens where each input is active
+        self.co_count = torch.zeros(n_in, n_in, **zeros)  # tokens where two inputs are both active
+        self.active = torch.zeros(n_out, **zeros)  # tokens where f is active
+        self.act_sum = torch.zeros(n_out, **zeros)
+        self.contribution = torch.zeros(n_out, width, **zeros)
+        self.both = torch.zeros(n_out, width, **zeros)  # f active, a and b active
+        self.cell_sum = torch.zeros(n_out, width, 4, **zeros)  # activation sum per cell (f active)
+        self.cell_active = torch.zeros(n_out, width, 4, **zeros)
+        self.histogram = torch.zeros(n_out * width * 4 * n_bins, **zeros)
+
+    @torch.no_grad()
+    def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor) -> None:
+        """Add tokens: input latents `z [t, n_in]`, per-token factor `scale [t]`, output
+        activations `acts [t, n_out]`."""
+        z, scale, acts = z.double(), scale.double(), acts.double()
+        on = (z != 0).double()
+        self.n_tokens += z.shape[0]
+        self.input_count += on.sum(0)
+        self.co_count += on.T @ on
+        token, f = (acts != 0).nonzero(as_tuple=True)
+        if token.numel() == 0:
+            return
+        act = acts[token, f]
+        self.active += torch.bincount(f, minlength=self.active.shape[0]).double()
+        self.act_sum.index_add_(0, f, act)
+        a, b, valid = self.c.in_a[f], self.c.in_b[f], self.c.valid[f]  # [p, G]
+        za, zb = z[token[:, None], a], z[token[:, None], b]
+        za, zb = za * valid, zb * valid
+        contribution = self.cross[f] * za * zb * scale[token, None]
+        self.contribution.index_add_(0, f, contribution)
+        a_on, b_on = za != 0, zb != 0
+        self.both.index_add_(0, f, (a_on & b_on).double())
+        cell = 2 * (~a_on).long() + (~b_on).long()  # [p, G]
+        width = cell.shape[1]
+        flat = (f[:, None] * width + torch.arange(width, device=f.device)) * 4 + cell  # [p, G]
+        weight = valid.double()
+        self.cell_sum.view(-1).index_add_(0, flat.reshape(-1), (act[:, None] * weight).reshape(-1))
+        self.cell_active.view(-1).index_add_(0, flat.reshape(-1), weight.reshape(-1))
+        bins = ((act - self.low[f]) / self.width[f]).long().clamp(0, self.n_bins - 1)  # [p]
+        self.histogram.index_add_(0, (flat * self.n_bins + bins[:, None]).reshape(-1), weight.reshape(-1))
+
+    def cell_counts(self) -> torch.Tensor:
+        """Tokens per cell `[n_out, G, 4]`, over all tokens (from input co-occurrence)."""
+        a, b = self.c.in_a, self.c.in_b
+        n_a, n_b = self.input_count[a], self.input_count[b]
+        n11 = self.co_count[a, b]
+        counts = torch.stack([n11, n_a - n11, n_b - n11, self.n_tokens - n_a - n_b + n11], -1)
+        return counts * self.c.valid[..., None]
+
+    def cell_quantile(self, q: float) -> torch.Tensor:
+        """Upper quantile `q` of f's activation per cell `[n_out, G, 4]`, zeros (f inactive)
+        included; resolved to the histogram's bin width."""
+        n_out, width = self.cross.shape
+        hist = self.histogram.view(n_out, width, 4, self.n_bins).clone()
+        counts = self.cell_counts()
+        zero_bin = ((-self.low) / self.width).long().clamp(0, self.n_bins - 1)  # [n_out]
+        inactive = (counts - self.cell_active).clamp_min(0)
+        index = zero_bin[:, None, None, None].expand(n_out, width, 4, 1)
+        hist.scatter_add_(-1, index, inactive[..., None])
+        cumulative = hist.cumsum(-1)
+        target = q * counts[..., None]
+        position = (cumulative < target).sum(-1).clamp(max=self.n_bins - 1)  # first bin reaching q
+        centre = self.low[:, None, None] + (position.double() + 0.5) * self.width[:, None, None]
+        # a bin holding the zeros stands for exactly zero, not for its centre
+        centre = torch.where(position == zero_bin[:, None, None], torch.zeros_like(centre), centre)
+        return torch.where(counts > 0, centre, torch.full_like(centre, float("nan")))
+
+    def result(self, q: float = 0.9) -> dict[str, torch.Tensor]:
+        """Per candidate `[n_out, G]` (cells `[n_out, G, 4]`): see the module docstring."""
+        active = self.active[:, None]
+        counts = self.cell_counts()
+        means = self.cell_sum / counts.clamp_min(1)
+        means = torch.where(counts > 0, means, torch.full_like(means, float("nan")))
+        m11, rest = means[..., 0], means[..., 1:]
+        best_other = torch.nan_to_num(rest, nan=float("-inf")).amax(-1)
+        and_data = torch.where((counts[..., 0] > 0) & (m11 > 0), (m11 - best_other) / m11,
+                               torch.full_like(m11, float("nan")))
+        nan = torch.full_like(self.contribution, float("nan"))
+        return {
+            "n_active": active.expand_as(self.contribution),
+            "coactivation": torch.where(active > 0, self.both / active.clamp_min(1), nan),
+            "mean_contribution": torch.where(active > 0, self.contribution / active.clamp_min(1), nan),
+            "contribution_share": torch.where(self.act_sum[:, None] != 0,
+                                              self.contribution / self.act_sum[:, None], nan),
+            "and_data": and_data,
+            "cell_tokens": counts,
+            "cell_mean": means,
+            "cell_active_share": torch.where(counts > 0, self.cell_active / counts.clamp_min(1),
+                                             torch.full_like(means, float("nan"))),
+            "cell_quantile": self.cell_quantile(q),
+        }
+
+
+def quadratic_form(Q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`y_t^T Q y_t` for each row: `[d, d], [t, d] -> [t]`."""
+    return ((y @ Q) * y).sum(-1)
