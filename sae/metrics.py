@@ -7,12 +7,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from sae_lens import SAE
 from transformer_lens import HookedTransformer
 
+from circuits.weights import SAEWeights
 from sae.activations import check_tokens
-from sae.io import check_sae_fits
-from sae.sites import SAE_SITES, hook_name
+from sae.sites import SITES, hook_name
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class SAEMetrics:
 @torch.no_grad()
 def evaluate_sae(
     model: HookedTransformer,
-    sae: SAE,
+    sae: SAEWeights,
     tokens: torch.Tensor,
     layer: int,
     site: str,
@@ -50,13 +49,18 @@ def evaluate_sae(
     so a constant offset earns no credit. The losses average over positions `t` that are kept
     and whose target `t + 1` is kept, the predictions the splice can change.
     """
-    if site not in SAE_SITES:
-        raise ValueError(f"unknown SAE site {site!r}; SAEs are evaluated at {', '.join(SAE_SITES)}")
+    if site not in SITES:
+        raise ValueError(f"unknown SAE site {site!r}; SAEs are evaluated at {', '.join(SITES)}")
+    if sae.d_in != model.cfg.d_model:
+        raise ValueError(f"SAE/model dimension mismatch: the SAE reads d_in={sae.d_in} but the model has "
+                         f"d_model={model.cfg.d_model}")
     hook = hook_name(layer, site)
-    check_sae_fits(model, sae, hook)
+    # TransformerLens fires ln2.hook_normalized before the gain: the SAE reads (and the splice
+    # writes) what the MLP multiplies, so the gain is applied and divided out around it
+    gain = getattr(model.blocks[layer].ln2, "w", None) if site == "mlp_in" else None
     check_tokens(tokens, model)
     keep = torch.ones_like(tokens, dtype=torch.bool) if keep is None else keep.bool()
-    stats = _ReconstructionStats(sae.cfg.d_in, sae.cfg.d_sae)
+    stats = _ReconstructionStats(sae.d_in, sae.d_sae)
     loss_sums = torch.zeros(2, dtype=torch.float64)  # clean, patched
     n_loss = 0
     device = model.cfg.device
@@ -67,12 +71,12 @@ def evaluate_sae(
             continue
 
         def splice(act: torch.Tensor, hook) -> torch.Tensor:  # act: [batch, pos, d_in]
-            x = act[rows]
-            feats = sae.encode(x.to(sae.device))
+            x = act[rows] if gain is None else act[rows] * gain
+            feats = sae.encode(x.to(sae.W_enc.dtype))
             x_hat = sae.decode(feats)
             stats.add(x, x_hat, feats)
             act = act.clone()
-            act[rows] = x_hat.to(act.device, act.dtype)
+            act[rows] = (x_hat if gain is None else x_hat / gain).to(act.device, act.dtype)
             return act
 
         scored = rows[:, :-1] & rows[:, 1:]  # [batch, pos - 1]
@@ -118,7 +122,7 @@ class _ReconstructionStats:
         self.sse += float((x - x_hat).pow(2).sum())
         self.sum_x += x.sum(0)
         self.sum_sq += float(x.pow(2).sum())
-        on = (feats > 0).cpu()
+        on = (feats != 0).cpu()
         self.active += int(on.sum())
         self.fired |= on.any(0)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from transformer_lens import HookedTransformer
 
-SITES = ("resid_mid", "mlp_out", "mlp_in")
-SAE_SITES = ("resid_mid", "mlp_out")  # sites SAEs are trained on and spliced back into
+SITES = ("resid_mid", "mlp_in", "mlp_out")
+INPUT_SITES = ("resid_mid", "mlp_in")  # where input SAEs may read; output SAEs read mlp_out
 
 Point = tuple[int, str]  # (layer, site)
 
@@ -31,6 +31,16 @@ def hook_name(layer: int, site: str) -> str:
     if site == "mlp_in":
         return f"blocks.{layer}.ln2.hook_normalized"
     raise ValueError(f"unknown site {site!r}; known sites are {', '.join(SITES)}")
+
+
+def site_of_hook(name: str) -> Point | None:
+    """The (layer, site) a TransformerLens hook name belongs to, or None for other hooks."""
+    parts = name.split(".")
+    if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+        return None
+    tail = ".".join(parts[2:])
+    site = {"hook_resid_mid": "resid_mid", "hook_mlp_out": "mlp_out", "ln2.hook_normalized": "mlp_in"}.get(tail)
+    return None if site is None else (int(parts[1]), site)
 
 
 def point_name(point: Point) -> str:

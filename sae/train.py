@@ -1,166 +1,96 @@
-"""Train one TopK SAE with sae-lens's `TopKTrainingSAE` and `SAETrainer`.
+"""Train the TopK SAEs of several (layer, site) points at once from one activation stream.
 
-sae-lens runs the loop (`SAETrainer.fit`: TopK forward, MSE plus aux-k loss, dead-latent
-tracking, gradient clipping, lr schedule); a small subclass changes only what the paper
-does differently:
+Each step draws one batch per point from `sae.stream.ActivationStream` (one model pass
+feeds every point) and steps every point's `sae.topk.TopKTrainer`. Every
+`checkpoint_every` steps a `checkpoint(state)` callback receives everything needed to
+continue exactly: each trainer's state and the stream's position. Given that state back,
+`train_saes` continues where it stopped and ends with the same SAEs an uninterrupted run
+gives (bitwise on the same device and thread count).
 
-- AdamW instead of sae-lens's Adam, over every parameter except `b_enc`;
-- `b_enc` frozen at zero: sae-lens's TopK SAE always has an encoder bias, so it is zeroed,
-  its gradient switched off and it is left out of the optimiser;
-- a unit-norm decoder: rows of `W_dec` are renormalised after every step (sae-lens's
-  `rescale_acts_by_decoder_norm` is off, so the encoder reads exactly `W_enc`);
-- the encoder starts as the decoder's transpose (sae-lens does this; its decoder init norm
-  is set to 1 so both start unit-norm);
-- the decoder reads only the k active latents (`SparseDecodeTopKTrainingSAE`), which is
-  faster and computes the same reconstruction.
-
-The data provider is any iterator of `[batch_size, d_in]` activation batches, which is
-the interface `SAETrainer` consumes.
+Our own loop rather than sae-lens's `SAETrainer`: its dense encoder backward and dense
+decoder cost several times our sparse step (benchmarks/bench_sae_step.py measures it), and
+it cannot share one activation stream between SAEs.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
+import time
+from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
-from sae_lens import LoggingConfig, TopKTrainingSAE, TopKTrainingSAEConfig
-from sae_lens.config import SAETrainerConfig
-from sae_lens.saes.sae import TrainStepOutput
-from sae_lens.training.optim import get_lr_scheduler
-from sae_lens.training.sae_trainer import SAETrainer
 from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
 
+from circuits.weights import SAEWeights
 from sae.config import SAETrainConfig
+from sae.sites import Point, point_name
+from sae.stream import ActivationStream, Rows, StreamPosition
+from sae.topk import TopKSAE, TopKTrainer
 
 
-class SparseDecodeTopKTrainingSAE(TopKTrainingSAE):
-    """sae-lens's TopK training SAE with a decoder that touches only the active latents.
-
-    sae-lens multiplies the dense `[batch, d_sae]` activations by `W_dec`, so with k of
-    d_sae latents active almost all of that work (forward and both backward products)
-    multiplies zeros. `embedding_bag` sums the k selected decoder rows weighted by their
-    activations instead: the same reconstruction and gradients, about a third less time per
-    step at the paper's size. Saved, it is a plain sae-lens "topk" SAE.
-    """
-
-    def decode(self, feature_acts: torch.Tensor) -> torch.Tensor:
-        """feature_acts `[..., d_sae]` with at most k nonzeros per row -> `[..., d_in]`."""
-        if self.cfg.rescale_acts_by_decoder_norm:
-            raise ValueError("the sparse decoder assumes a unit-norm decoder, not decoder-norm rescaling")
-        flat = feature_acts.reshape(-1, self.cfg.d_sae)
-        values, indices = flat.topk(self.cfg.k, dim=-1, sorted=False)
-        sae_out = F.embedding_bag(indices, self.W_dec, per_sample_weights=values, mode="sum") + self.b_dec
-        sae_out = sae_out.reshape(*feature_acts.shape[:-1], self.cfg.d_in)
-        sae_out = self.run_time_activation_norm_fn_out(self.hook_sae_recons(sae_out))
-        return self.reshape_fn_out(sae_out, self.d_head)
-
-
-class UnitNormTopKTrainer(SAETrainer):
-    """`SAETrainer` with AdamW, a frozen zero `b_enc` and a unit-norm decoder."""
-
-    def __init__(self, cfg: SAETrainerConfig, sae: TopKTrainingSAE, data_provider: Iterator[torch.Tensor],
-                 weight_decay: float, desc: str = "SAE") -> None:
-        super().__init__(cfg=cfg, sae=sae, data_provider=data_provider)
-        with torch.no_grad():
-            sae.b_enc.zero_()
-        sae.b_enc.requires_grad_(False)
-        trainable = [p for name, p in sae.named_parameters() if name != "b_enc"]
-        # Replaces the Adam and schedule the parent built over all parameters.
-        self.optimizer = torch.optim.AdamW(
-            trainable, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), weight_decay=weight_decay
+def build_trainers(points: list[Point], d_in: int, cfg: SAETrainConfig, device: str) -> dict[Point, TopKTrainer]:
+    """A fresh SAE and trainer per point (`cfg` resolved). Each point gets its own seed, so
+    SAEs of different points do not start alike."""
+    trainers = {}
+    for i, point in enumerate(points):
+        sae = TopKSAE(d_in, cfg.expansion * d_in, cfg.k, device=device, seed=cfg.seed * 1000 + i)
+        trainers[point] = TopKTrainer(
+            sae, total_steps=cfg.train_steps, lr=cfg.lr, lr_end=cfg.lr * cfg.lr_end_fraction,
+            weight_decay=cfg.weight_decay, aux_coefficient=cfg.aux_k_coefficient,
+            dead_steps=max(1, cfg.dead_after_tokens // cfg.batch_size),
         )
-        self.lr_scheduler = get_lr_scheduler(
-            cfg.lr_scheduler_name,
-            optimizer=self.optimizer,
-            training_steps=cfg.total_training_steps,
-            lr=cfg.lr,
-            warm_up_steps=cfg.lr_warm_up_steps,
-            decay_steps=cfg.lr_decay_steps,
-            lr_end=cfg.lr_end,
-            num_cycles=cfg.n_restart_cycles,
-        )
-        self.desc = desc
-
-    def step(self, batch: torch.Tensor) -> TrainStepOutput:
-        output = super().step(batch)
-        normalize_decoder(self.sae)
-        return output
-
-    @torch.no_grad()
-    def _update_pbar(self, step_output: TrainStepOutput, pbar: tqdm, update_interval: int = 50) -> None:
-        # sae-lens moves its bar once per 100 steps; short runs would show nothing.
-        pbar.set_description(self.desc, refresh=False)
-        pbar.update(self.cfg.train_batch_size_samples)
-        if self.n_training_steps % update_interval == 0:
-            pbar.set_postfix(mse=f"{step_output.losses['mse_loss'].item():.4g}")
+    return trainers
 
 
-@torch.no_grad()
-def normalize_decoder(sae: TopKTrainingSAE) -> None:
-    """Scale every decoder row `W_dec[i]` `[d_in]` to unit norm, in place."""
-    sae.W_dec.div_(sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12))
-
-
-def build_sae(d_in: int, cfg: SAETrainConfig, metadata: dict | None = None) -> SparseDecodeTopKTrainingSAE:
-    """A freshly initialised TopK training SAE with our settings (`cfg` must be resolved)."""
-    cfg.validate(d_in)
-    torch.manual_seed(cfg.seed)
-    sae = SparseDecodeTopKTrainingSAE(
-        TopKTrainingSAEConfig(
-            d_in=d_in,
-            d_sae=cfg.expansion * d_in,
-            k=cfg.k,
-            dtype="float32",
-            device=cfg.device,
-            apply_b_dec_to_input=True,
-            normalize_activations="none",
-            decoder_init_norm=1.0,
-            rescale_acts_by_decoder_norm=False,
-            aux_loss_coefficient=cfg.aux_k_coefficient,
-        )
-    )
-    for key, value in (metadata or {}).items():
-        sae.cfg.metadata[key] = value
-    return sae
-
-
-def train_sae(
-    batches: Iterator[torch.Tensor],
-    d_in: int,
+def train_saes(
+    model: HookedTransformer,
+    rows: Rows,
+    points: list[Point],
     cfg: SAETrainConfig,
-    desc: str = "SAE",
-    metadata: dict | None = None,
-) -> tuple[SparseDecodeTopKTrainingSAE, torch.Tensor]:
-    """Train a TopK SAE on `cfg.train_steps` batches `[batch_size, d_in]` from `batches`.
+    device: str = "cpu",
+    checkpoint: Callable[[dict], None] | None = None,
+    resume: dict | None = None,
+) -> dict[Point, TopKTrainer]:
+    """Train one SAE per point on `cfg.train_steps` batches; returns the finished trainers.
 
-    `cfg` must be resolved (`SAETrainConfig.resolve`). `b_dec` starts at the mean of the
-    first batch, so the latents need not spend capacity on the activations' offset. Returns
-    the trained SAE and its log10 firing frequencies `[d_sae]` over the last sparsity window.
+    `cfg` must be resolved (`SAETrainConfig.resolve`). `resume` is a state an earlier
+    `checkpoint` call received, for the same points, rows and recipe.
     """
     if cfg.k is None or cfg.lr is None:
-        raise ValueError("resolve the config first: SAETrainConfig.resolve(d_in)")
-    sae = build_sae(d_in, cfg, metadata)
-    first = next(batches)
-    if first.shape[-1] != d_in:
-        raise ValueError(f"activations have width {first.shape[-1]} but the SAE expects d_in={d_in}")
-    with torch.no_grad():
-        sae.b_dec.copy_(first.mean(0))
-    dead_window = max(1, cfg.dead_after_tokens // cfg.batch_size)
-    trainer_cfg = SAETrainerConfig(
-        total_training_samples=cfg.used_tokens,
-        train_batch_size_samples=cfg.batch_size,
-        lr=cfg.lr,
-        lr_end=cfg.lr * cfg.lr_end_fraction,
-        lr_scheduler_name="cosineannealing",
-        device=cfg.device,
-        dead_feature_window=dead_window,
-        feature_sampling_window=cfg.train_steps,  # one window: firing stats cover the whole run
-        logger=LoggingConfig(log_to_wandb=False),
-    )
-    trainer = UnitNormTopKTrainer(
-        trainer_cfg, sae, itertools.chain([first], batches), cfg.weight_decay, desc=desc
-    )
-    sae = trainer.fit()
-    return sae, trainer.log_feature_sparsity
+        raise ValueError("resolve the config first: SAETrainConfig.resolve(d_model)")
+    trainers = build_trainers(points, model.cfg.d_model, cfg, device)
+    stream = ActivationStream(model, rows, points, cfg.buffer_tokens, cfg.batch_size, cfg.seed,
+                              cfg.model_batch_rows)
+    step = 0
+    if resume is not None:
+        for point, trainer in trainers.items():
+            trainer.load_state_dict(resume["trainers"][point_name(point)])
+        stream.position = StreamPosition(**resume["stream"])
+        step = resume["step"]
+    bar = tqdm(total=cfg.train_steps, initial=step, desc=f"train {len(points)} SAEs", unit="step")
+    batches = iter(stream)
+    started, done_since = time.perf_counter(), 0
+    while step < cfg.train_steps:
+        batch = next(batches)
+        last = {}
+        for point, trainer in trainers.items():
+            last[point] = trainer.step(batch[point].to(device), stats=(step + 1) % 50 == 0)
+        step += 1
+        done_since += 1
+        bar.update(1)
+        if step % 50 == 0:
+            rate = done_since * cfg.batch_size / (time.perf_counter() - started)
+            worst = max(last.values(), key=lambda losses: losses.get("fvu", 0.0))
+            bar.set_postfix(tok_s=f"{rate:,.0f}", worst_fvu=f"{worst.get('fvu', float('nan')):.3f}")
+            started, done_since = time.perf_counter(), 0
+        if checkpoint is not None and step % cfg.checkpoint_every == 0 and step < cfg.train_steps:
+            checkpoint({"step": step, "stream": stream.position.to_json(),
+                        "trainers": {point_name(p): t.state_dict() for p, t in trainers.items()}})
+    bar.close()
+    return trainers
+
+
+def inference_weights(sae: TopKSAE) -> SAEWeights:
+    """A trained SAE as the plain tensors every analysis reads."""
+    return SAEWeights(W_enc=sae.W_enc.detach(), b_enc=sae.b_enc.detach(), W_dec=sae.W_dec.detach(),
+                      b_dec=sae.b_dec.detach(), apply_b_dec_to_input=True, k=sae.k)

@@ -1,0 +1,103 @@
+"""Activations streamed from the model into shuffle buffers, one per (layer, site) point.
+
+One model pass over a group of rows fills a buffer per point with the kept tokens'
+activations (`sae.activations.iter_activations`, BOS left out); the buffer is shuffled by
+one permutation shared by every point and drained in batches of `batch_size` tokens, from
+which every SAE takes its step; then the next group of rows fills it again. No activation
+ever touches the disk, and memory is bounded by `buffer_tokens` rows per point whatever the
+number of training tokens.
+
+The stream is a pure function of the seed and its position (which fill, where that fill's
+rows start, how many of its batches were used), so a training run resumed from a
+checkpoint sees exactly the batches an uninterrupted run would have seen: resuming refills
+the current buffer from the same rows and skips the batches already used. Rows are visited
+in a fresh seeded permutation per epoch; tokens of a fill that do not make a whole batch
+are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformer_lens import HookedTransformer
+
+from sae.activations import iter_activations
+from sae.sites import Point
+
+
+class Rows(Protocol):
+    """Packed token rows (`pipelines.data.tokens.TokenRows` is one)."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, rows) -> torch.Tensor: ...  # LongTensor [n, n_ctx]
+
+    def keep(self, tokens: torch.Tensor) -> torch.Tensor: ...  # bool [n, n_ctx]
+
+
+@dataclass
+class StreamPosition:
+    """Where a stream stands: enough to resume it exactly."""
+
+    fill: int = 0  # index of the current fill
+    cursor: int = 0  # position in the row order where the current fill's rows start
+    offset: int = 0  # batches of the current fill already handed out
+
+    def to_json(self) -> dict:
+        return {"fill": self.fill, "cursor": self.cursor, "offset": self.offset}
+
+
+class ActivationStream:
+    """Batches `{point: [batch_size, d_model]}` for every point, from one model pass per fill."""
+
+    def __init__(self, model: HookedTransformer, rows: Rows, points: list[Point], buffer_tokens: int,
+                 batch_size: int, seed: int, model_batch_rows: int = 32, dtype: torch.dtype = torch.float32):
+        n_ctx = rows.batch(slice(0, 1)).shape[1]
+        self.model, self.rows, self.points = model, rows, points
+        self.rows_per_fill = max(1, buffer_tokens // n_ctx)
+        if self.rows_per_fill * (n_ctx - 1) < batch_size:
+            raise ValueError(f"a buffer of {buffer_tokens} tokens holds less than one batch of {batch_size}")
+        self.batch_size, self.seed = batch_size, seed
+        self.model_batch_rows, self.dtype = model_batch_rows, dtype
+        self.position = StreamPosition()
+
+    def _row_order(self, start: int, count: int) -> torch.Tensor:
+        """Row indices at positions `start .. start + count` of the endless epoch order."""
+        n = len(self.rows)
+        positions = torch.arange(start, start + count)
+        out = torch.empty(count, dtype=torch.long)
+        for epoch in (positions // n).unique().tolist():
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 7919 + epoch))
+            sel = positions // n == epoch
+            out[sel] = perm[positions[sel] % n]
+        return out
+
+    @torch.no_grad()
+    def _fill(self, cursor: int) -> dict[Point, torch.Tensor]:
+        """The activations of the kept tokens of one fill's rows, shuffled alike at every point."""
+        order = self._row_order(cursor, self.rows_per_fill).sort().values  # file order: faster reads
+        tokens = self.rows.batch(order.numpy())
+        parts: dict[Point, list[torch.Tensor]] = {p: [] for p in self.points}
+        for found in iter_activations(self.model, tokens, self.points, self.rows.keep(tokens), self.model_batch_rows):
+            for point, acts in found.items():
+                parts[point].append(acts.to(self.dtype))
+        buffers = {p: torch.cat(v) for p, v in parts.items()}
+        n = next(iter(buffers.values())).shape[0]
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 104729 + self.position.fill))
+        perm = perm.to(next(iter(buffers.values())).device)
+        return {p: b[perm] for p, b in buffers.items()}
+
+    def __iter__(self) -> Iterator[dict[Point, torch.Tensor]]:
+        """Endless batches from the current position on; `self.position` always says where
+        the next batch comes from."""
+        while True:
+            buffers = self._fill(self.position.cursor)
+            n_batches = next(iter(buffers.values())).shape[0] // self.batch_size
+            while self.position.offset < n_batches:
+                s = slice(self.position.offset * self.batch_size, (self.position.offset + 1) * self.batch_size)
+                self.position.offset += 1
+                yield {p: b[s] for p, b in buffers.items()}
+            self.position = StreamPosition(self.position.fill + 1, self.position.cursor + self.rows_per_fill, 0)
