@@ -1,4 +1,10 @@
-"""The `bilinear-circuits` command line: a thin layer over `pipelines.stages`."""
+"""The `bilinear-circuits` command line: a thin layer over `pipelines.stages`.
+
+Options come from the config dataclasses (`pipelines.options`). Arguments are checked, and
+the model's config read, before anything heavy loads, so usage errors come at once. Every
+command holds the run directory's lock while it works, and reports errors, a busy run or
+Ctrl-C as one line (exit 2, or 130 for an interruption) instead of a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.paths import RunPaths
+from pipelines.options import add_config, config_from
 
 DEFAULT_RUN = Path("results/demo")
+# Measured on this 2-core machine with a second busy process (benchmarks/bench_threads.py):
+# one torch thread ran every stage as fast or faster than two, and up to several times
+# faster under contention, so one is the default; --threads 0 keeps torch's own choice.
+DEFAULT_THREADS = 1
 
 
 def _offline() -> None:
@@ -19,53 +29,55 @@ def _offline() -> None:
     os.environ.setdefault("WANDB_MODE", "disabled")
 
 
-def _run_arg(p: argparse.ArgumentParser) -> None:
+# ------------------------------------------------------------------ shared options
+
+
+def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_RUN,
                    help="run directory (default: %(default)s); see results/README.md for its layout")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="torch CPU threads (default: %(default)s, fastest on a busy 2-core machine; 0: torch's default)")
+    if device:
+        p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
 
 
-def _corpus_arg(p: argparse.ArgumentParser) -> None:
+def _corpus_options(p: argparse.ArgumentParser) -> None:
+    from pipelines.data.corpus import CorpusConfig
+
     p.add_argument("--corpus", default=None,
-                   help="corpus: Parquet/JSONL/text file, a datasets folder, or hf:NAME[:SPLIT] "
-                        "(default: the run's built-in story corpus)")
+                   help="corpus: Parquet/JSONL/text file (also .gz/.bz2/.xz/.zst), a datasets folder, or "
+                        "hf:NAME[:SPLIT] (default: the corpus the model was trained on)")
+    add_config(p, CorpusConfig)
 
 
-def cmd_corpus(args: argparse.Namespace) -> None:
-    from pipelines.stages import ensure_corpus
-    from pipelines.stories import StoryConfig
-
-    path = ensure_corpus(RunPaths(args.out), StoryConfig(n_stories=args.n_stories, seed=args.seed))
-    print(f"corpus: {args.n_stories} stories in {path}")
-
-
-def cmd_train_lm(args: argparse.Namespace) -> None:
-    from pipelines.lm_training import LMTrainConfig
-    from pipelines.model import PRESETS
-    from pipelines.stages import corpus_source, ensure_corpus, ensure_lm
-    from pipelines.stories import StoryConfig
-    from pipelines.tokenizer import TokenizerConfig
-
-    run = RunPaths(args.out)
-    if args.corpus is None and not run.corpus.is_dir():
-        ensure_corpus(run, StoryConfig())
-    train_cfg = LMTrainConfig(**({} if args.train_tokens is None else {"train_tokens": args.train_tokens}))
-    _, cfg, summary = ensure_lm(
-        run, corpus_source(run, args.corpus), PRESETS[args.preset],
-        TokenizerConfig(vocab_size=args.vocab_size), train_cfg,
-    )
-    print(f"model: {run.lm} ({cfg.n_layers} layers, d_model {cfg.d_model}, vocab {cfg.d_vocab})")
-    print(f"held-out loss {summary['held_out_loss']:.3f} nats; unigram entropy "
-          f"{summary['unigram_entropy']:.3f} nats; {summary['tokens_per_s']:,.0f} tokens/s")
-    if "negated_accuracy" in summary:
-        print(f"valence of the next sentiment word predicted right: plain "
-              f"{summary['plain_accuracy']:.1%}, after a negation {summary['negated_accuracy']:.1%}")
+def _model_options(p: argparse.ArgumentParser, layers: str = "all") -> None:
+    _common(p)
+    _corpus_options(p)
+    p.add_argument("--model", type=Path, default=None, help="model folder in our format (default: OUT/lm)")
+    p.add_argument("--layers", default=layers, help="'all' or a comma list such as 0,2 (default: %(default)s)")
 
 
-def cmd_convert(args: argparse.Namespace) -> None:
-    from pipelines.convert import convert_checkpoint
+def _sae_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sae-in", type=Path, default=None,
+                   help="input-side SAE folder (sae-lens or the paper authors' format, on resid_mid or mlp_in), with --layer")
+    p.add_argument("--sae-out", type=Path, default=None, help="output-side (mlp_out) SAE folder, with --layer")
+    p.add_argument("--layer", dest="layers", default=argparse.SUPPRESS, help="one layer (same as --layers L)")
+    p.add_argument("--input-site", choices=["resid_mid", "mlp_in"], default="resid_mid",
+                   help="which of the run's input SAEs to use (default: %(default)s)")
+    p.add_argument("--allow-hookless-saes", action="store_true",
+                   help="accept SAEs that record no hook, taking them to read the given layer and site")
 
-    cfg = convert_checkpoint(args.source, args.out, tokenizer=args.tokenizer)
-    print(f"converted {args.source} -> {args.out} ({cfg.n_layers} layers, d_model {cfg.d_model})")
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA device is available here")
+    return name
 
 
 def _layers(text: str, n_layers: int) -> list[int]:
@@ -75,97 +87,215 @@ def _layers(text: str, n_layers: int) -> list[int]:
         layers = sorted({int(x) for x in text.split(",")})
     except ValueError:
         raise ValueError(f"--layers takes 'all' or comma-separated layer numbers, not {text!r}") from None
-    bad = [l for l in layers if not 0 <= l < n_layers]
+    bad = [layer for layer in layers if not 0 <= layer < n_layers]
     if bad:
         raise ValueError(f"layers {bad} do not exist: the model has {n_layers} (0..{n_layers - 1})")
     return layers
 
 
-def _model_args(p: argparse.ArgumentParser, layers_default: str = "all") -> None:
-    _run_arg(p)
-    _corpus_arg(p)
-    p.add_argument("--model", type=Path, default=None,
-                   help="model folder in our format (default: OUT/lm); its tokenizer.json is used")
-    p.add_argument("--layers", default=layers_default, help="'all' or a comma list such as 0,2 (default: %(default)s)")
-
-
-def _load(args: argparse.Namespace):
-    """(run, model, tokenizer, corpus source, layers) from the common arguments."""
-    from pipelines.model import load_model
-    from pipelines.stages import corpus_source
-    from pipelines.tokenizer import load_tokenizer
-
-    run = RunPaths(args.out)
-    model_dir = args.model or run.lm
-    model, cfg = load_model(model_dir)
-    return run, model, load_tokenizer(model_dir), corpus_source(run, args.corpus), _layers(args.layers, cfg.n_layers)
-
-
-def _sae_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sae-in", type=Path, default=None, help="input-side (resid_mid) SAE folder, with --layer")
-    p.add_argument("--sae-out", type=Path, default=None, help="output-side (mlp_out) SAE folder, with --layer")
-    p.add_argument("--layer", dest="layers", default=argparse.SUPPRESS, help="one layer (same as --layers L)")
-
-
-def _sae_paths(args: argparse.Namespace, layers: list[int]) -> dict[int, tuple[Path, Path]] | None:
+def _sae_paths(args: argparse.Namespace, layers: list[int]) -> dict[int, tuple[Path, Path | None]] | None:
     """Explicit (input, output) SAE folders for the single chosen layer, if given."""
     if not (args.sae_in or args.sae_out):
         return None
-    if not (args.sae_in and args.sae_out) or len(layers) != 1:
-        raise ValueError("--sae-in and --sae-out go together, with a single --layer")
+    if not args.sae_in or len(layers) != 1:
+        raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
     return {layers[0]: (args.sae_in, args.sae_out)}
 
 
-def cmd_train_saes(args: argparse.Namespace) -> None:
-    from sae.config import SAETrainConfig
-    from pipelines.stages import ensure_saes
+class _Context:
+    """What the analysis commands share: run, model, corpus, layers, device."""
 
-    run, model, tok, corpus, layers = _load(args)
-    cfg = SAETrainConfig(expansion=args.expansion, k=args.k, train_tokens=args.train_tokens)
-    metrics = ensure_saes(run, model, tok, corpus, layers, args.sites.split(","), cfg)
+    def __init__(self, args: argparse.Namespace):
+        from pipelines.engine.paths import RunPaths
+        from pipelines.stages import ModelInputs
+
+        self.args = args
+        self.run = RunPaths(args.out)
+        self.device = _device(args.device)
+        self.model_dir = Path(args.model or self.run.lm)
+        self.inputs = ModelInputs(self.model_dir, self.device)
+        self.layers = _layers(args.layers, self.inputs.config.n_layers)
+
+    def corpus(self):
+        """(source, CorpusConfig): the given corpus, else the one the model was trained on."""
+        from pipelines.data.corpus import CorpusConfig
+        from pipelines.stages import trained_corpus
+
+        recorded = trained_corpus(self.model_dir)
+        if self.args.corpus is not None:
+            same = recorded is not None and Path(recorded[0]).resolve() == Path(self.args.corpus).resolve()
+            return self.args.corpus, config_from(self.args, CorpusConfig, recorded[1] if same else None)
+        if recorded is not None:
+            return recorded[0], config_from(self.args, CorpusConfig, recorded[1])
+        if self.run.corpus.is_dir():
+            return str(self.run.corpus), config_from(self.args, CorpusConfig, _builtin_labels(self.run.corpus))
+        raise FileNotFoundError(f"no corpus known for {self.model_dir}: pass --corpus PATH")
+
+    def tokens(self):
+        from pipelines.stages import ensure_tokens
+
+        source, cfg = self.corpus()
+        return ensure_tokens(self.run, source, self.inputs.tokenizer, self.inputs.config.n_ctx, cfg)
+
+
+def _builtin_labels(folder: Path):
+    """The built-in corpus ships its lexicon: use it unless the user names another."""
+    from pipelines.data.corpus import LEXICON_FILE, CorpusConfig
+
+    lexicon = folder / LEXICON_FILE
+    return CorpusConfig(lexicon=str(lexicon)) if lexicon.is_file() else CorpusConfig()
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_corpus(args: argparse.Namespace) -> None:
+    from pipelines.data.stories import StoryConfig
+    from pipelines.engine.paths import RunPaths
+    from pipelines.stages import ensure_corpus
+
+    cfg = config_from(args, StoryConfig)
+    path = ensure_corpus(RunPaths(args.out), cfg)
+    print(f"corpus: {cfg.n_stories} stories in {path}")
+
+
+def cmd_train_lm(args: argparse.Namespace) -> None:
+    from pipelines.data.corpus import CorpusConfig
+    from pipelines.data.stories import StoryConfig
+    from pipelines.data.tokenizer import TokenizerConfig
+    from pipelines.engine.paths import RunPaths
+    from pipelines.lm.model import PRESETS, ModelConfig
+    from pipelines.lm.training import LMTrainConfig
+    from pipelines.stages import ensure_corpus, ensure_lm
+
+    run = RunPaths(args.out)
+    model_cfg = config_from(args, ModelConfig, PRESETS[args.preset])
+    train_cfg = config_from(args, LMTrainConfig)
+    tok_cfg = config_from(args, TokenizerConfig)
+    device = _device(args.device)
+    if args.corpus is None:
+        source = str(ensure_corpus(run, StoryConfig()) if not run.corpus.is_dir() else run.corpus)
+        corpus_cfg = config_from(args, CorpusConfig, _builtin_labels(run.corpus))
+    else:
+        source, corpus_cfg = args.corpus, config_from(args, CorpusConfig)
+    summary = ensure_lm(run, source, corpus_cfg, model_cfg, tok_cfg, train_cfg, device, args.force)
+    print(f"model: {run.lm} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model})")
+    print(f"held-out loss {summary['held_out_loss']:.3f} nats, {summary['bits_per_byte']:.3f} bits per byte; "
+          f"unigram entropy {summary['unigram_entropy']:.3f} nats; {summary['tokens_per_s']:,.0f} tokens/s")
+    if "negated_accuracy" in summary:
+        print(f"class of the next lexicon word predicted right: plain {summary['plain_accuracy']:.1%}, "
+              f"after a negation {summary['negated_accuracy']:.1%}")
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    from pipelines.lm.convert import convert_checkpoint
+
+    cfg = convert_checkpoint(args.source, args.out, tokenizer=args.tokenizer, force=args.force,
+                             scale_attn=args.attention_scale)
+    print(f"converted {args.source} -> {args.out} ({cfg.n_layers} layers, d_model {cfg.d_model})")
+
+
+def cmd_train_saes(args: argparse.Namespace) -> None:
+    from pipelines.stages import ensure_saes
+    from sae.config import SAETrainConfig
+
+    cfg = config_from(args, SAETrainConfig)
+    sites = [s.strip() for s in args.sites.split(",") if s.strip()]
+    ctx = _Context(args)
+    if len(set(sites)) != len(sites):
+        raise ValueError(f"--sites names a site twice: {args.sites}")
+    metrics = ensure_saes(ctx.run, ctx.inputs, ctx.tokens(), ctx.layers, sites, cfg, ctx.device)
     cols = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
     print(metrics[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    print(f"SAEs in {run.saes}; metrics in {run.tables / 'sae_metrics'}")
+    print(f"SAEs in {ctx.run.saes}; metrics in {ctx.run.tables / 'sae_metrics'}")
+
+
+def _outputs(text: str) -> tuple[str, ...]:
+    specs = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not specs:
+        raise ValueError("--outputs names no output")
+    return specs
 
 
 def cmd_circuits(args: argparse.Namespace) -> None:
     from circuits.layer import CircuitConfig
     from pipelines.stages import ensure_circuits
 
-    run, model, tok, corpus, layers = _load(args)
-    cfg = CircuitConfig(top_n=args.top_n, max_rank=args.max_rank)
-    done = ensure_circuits(run, model, tok, corpus, layers, cfg, args.corr_rows, _sae_paths(args, layers))
-    print(f"circuit tables for layers {layers} in {run.tables} (computed now: {done or 'none, all up to date'})")
+    cfg = config_from(args, CircuitConfig)
+    if args.corr_rows < 1:
+        raise ValueError(f"--corr-rows must be at least 1, got {args.corr_rows}")
+    outputs = _outputs(args.outputs)
+    ctx = _Context(args)
+    done = ensure_circuits(ctx.run, ctx.inputs, ctx.tokens(), ctx.layers, cfg, args.corr_rows,
+                           _sae_paths(args, ctx.layers), args.input_site, outputs, args.output_basis,
+                           args.allow_hookless_saes)
+    print(f"circuit tables for layers {ctx.layers} in {ctx.run.tables} "
+          f"(computed now: {', '.join(done) if done else 'none, all up to date'})")
 
 
 def cmd_features(args: argparse.Namespace) -> None:
-    from pipelines.features import FeatureConfig
+    from pipelines.analysis.features import FeatureConfig
     from pipelines.stages import ensure_features
 
-    run, model, tok, corpus, layers = _load(args)
-    df = ensure_features(run, model, tok, corpus, layers, args.sites.split(","), FeatureConfig(n_rows=args.rows))
-    print(f"{len(df)} features described in {run.tables / 'features'}")
+    cfg = config_from(args, FeatureConfig)
+    sites = [s.strip() for s in args.sites.split(",") if s.strip()]
+    ctx = _Context(args)
+    df = ensure_features(ctx.run, ctx.inputs, ctx.tokens(), ctx.layers, sites, cfg, _sae_paths(args, ctx.layers),
+                         args.allow_hookless_saes)
+    print(f"{len(df)} features described in {ctx.run.tables / 'features'}")
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from pipelines.report import ReportConfig, write_report
-    from pipelines.stages import token_rows
+    from pipelines.report.page import ReportConfig, write_report
 
-    cfg = ReportConfig()
-    run, model, tok, corpus, layers = _load(args)
-    tokens = None if args.corpus is None else token_rows(corpus, tok, model.cfg.n_ctx)[1].tokens[: cfg.scatter_rows]
-    path = write_report(run, cfg, tokens, model=model, sae_paths=_sae_paths(args, layers),
-                        model_dir=args.model or run.lm)
+    cfg = config_from(args, ReportConfig)
+    ctx = _Context(args)
+    path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, _sae_paths(args, ctx.layers), args.input_site,
+                        corpus=ctx.corpus)
     print(f"report: {path}")
+
+
+def cmd_explore(args: argparse.Namespace) -> None:
+    from pipelines.engine.paths import RunPaths
+    from pipelines.explorer.site import serve, write_explorer
+
+    run = RunPaths(args.out)
+    index = write_explorer(run)
+    print(f"explorer: {index}")
+    if args.serve:
+        serve(run.explorer, args.host, args.port)
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     from pipelines.demo import DemoConfig, run_demo
+    from pipelines.engine.files import read_json
+    from pipelines.engine.paths import RunPaths
 
-    run_demo(RunPaths(args.out), DemoConfig.small() if args.small else DemoConfig())
+    if args.config is not None:
+        data = read_json(args.config)
+        if data is None:
+            raise ValueError(f"--config {args.config}: not a readable JSON file")
+        cfg = DemoConfig.from_json(data)
+    else:
+        cfg = DemoConfig.small() if args.small else DemoConfig()
+    if args.seed is not None:
+        cfg = cfg.with_seed(args.seed)
+    run_demo(RunPaths(args.out), cfg, _device(args.device))
+
+
+# ------------------------------------------------------------------ the parser
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from circuits.layer import CircuitConfig
+    from pipelines.analysis.features import FeatureConfig
+    from pipelines.data.stories import StoryConfig
+    from pipelines.data.tokenizer import TokenizerConfig
+    from pipelines.lm.model import PRESETS, ModelConfig
+    from pipelines.lm.training import LMTrainConfig
+    from pipelines.report.page import ReportConfig
+    from sae.config import SAETrainConfig
+
     parser = argparse.ArgumentParser(
         prog="bilinear-circuits",
         description="Train SAEs on a bilinear LM and read its circuits from the weights.",
@@ -173,88 +303,135 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("corpus", help="write the built-in story corpus (Parquet)",
-                       description="Generate the seeded TinyStories-like corpus with negation "
-                                   "ground truth into OUT/corpus/.")
-    _run_arg(p)
-    p.add_argument("--n-stories", type=int, default=20000, help="stories to generate (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
+                       description="Generate the seeded TinyStories-like corpus with negation ground truth "
+                                   "(labelled spans and a lexicon of sentiment words) into OUT/corpus/.")
+    _common(p, device=False)
+    add_config(p, StoryConfig)
     p.set_defaults(func=cmd_corpus)
 
     p = sub.add_parser("train-lm", help="train the tokenizer and the bilinear LM",
-                       description="Train a tokenizer and a bilinear LM into OUT/lm/; resumes an "
-                                   "interrupted run and skips a finished one.")
-    _run_arg(p)
-    _corpus_arg(p)
-    p.add_argument("--preset", choices=["tiny", "demo", "large"], default="demo",
-                   help="model size (default: %(default)s)")
-    p.add_argument("--train-tokens", type=int, default=None, help="tokens to train on")
-    p.add_argument("--vocab-size", type=int, default=1024, help="tokenizer vocabulary (default: %(default)s)")
+                       description="Train a tokenizer and a bilinear LM into OUT/lm/. Resumes an interrupted "
+                                   "run from its last checkpoint and keeps a finished one; refuses to replace a "
+                                   "model trained on other inputs unless --force.")
+    _common(p)
+    _corpus_options(p)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="demo",
+                   help="model shape: tiny (tests), demo, paper (6 layers, d_model 512) (default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="replace a model in OUT/lm trained on other inputs")
+    add_config(p, ModelConfig, skip=("d_vocab", "seed"))
+    add_config(p, LMTrainConfig)
+    add_config(p, TokenizerConfig)
     p.set_defaults(func=cmd_train_lm)
 
     p = sub.add_parser("convert", help="convert a published bilinear checkpoint to our format",
-                       description="Convert a checkpoint in the paper authors' layout (HF-style "
-                                   "config.json and weights) into config.json, model.safetensors "
-                                   "and tokenizer.json.")
+                       description="Convert a checkpoint in the paper authors' layout (HF-style config.json "
+                                   "and weights, float32/bf16/fp16) into config.json, model.safetensors and "
+                                   "tokenizer.json. Refuses to write over a model unless --force.")
     p.add_argument("source", type=Path, help="folder of the published checkpoint")
     p.add_argument("--out", type=Path, required=True, help="folder to write our checkpoint to")
-    p.add_argument("--tokenizer", type=Path, default=None,
-                   help="tokenizer.json to use when the source folder has none")
+    p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json to use when the source folder has none")
+    p.add_argument("--force", action="store_true", help="write over an existing model in --out")
+    p.add_argument("--attention-scale", choices=["config", "on", "off"], default="config",
+                   help="whether the attention output is scaled by 1/sqrt(2 n_layer): as the config's scale_attn "
+                        "says (default), or state it for a config without that field")
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("train-saes", help="train TopK SAEs on resid_mid and mlp_out",
-                       description="Train one TopK SAE (sae-lens) per chosen layer and site into "
-                                   "OUT/saes/layer{l}_{site}/ and write OUT/tables/sae_metrics/. "
-                                   "Finished SAEs are kept; an interrupted run resumes.")
-    _model_args(p)
-    p.add_argument("--sites", default="resid_mid,mlp_out", help="comma list of sites (default: %(default)s)")
-    p.add_argument("--expansion", type=int, default=4, help="latents per model dimension (default: %(default)s)")
-    p.add_argument("--k", type=int, default=None, help="active latents per token (default: scaled from the paper's 30 of 2048)")
-    p.add_argument("--train-tokens", type=int, default=2_000_000, help="tokens per SAE (default: %(default)s)")
+    p = sub.add_parser("train-saes", help="train TopK SAEs on resid_mid, mlp_in and/or mlp_out",
+                       description="Train one TopK SAE per chosen layer and site into OUT/saes/layer{l}_{site}/ "
+                                   "(sae-lens's format) from one stream of activations, and write "
+                                   "OUT/tables/sae_metrics/. Reuses an SAE only for the same model, corpus and "
+                                   "recipe; an interrupted run resumes from its last checkpoint.")
+    _model_options(p)
+    p.add_argument("--sites", default="resid_mid,mlp_out",
+                   help="comma list of resid_mid, mlp_in, mlp_out (default: %(default)s)")
+    add_config(p, SAETrainConfig)
     p.set_defaults(func=cmd_train_saes)
 
-    p = sub.add_parser("circuits", help="interaction, eigen, low-rank and gate tables per layer",
-                       description="Project each layer's bilinear MLP into its SAEs' bases and write "
-                                   "the interactions, gates, eigen and lowrank tables under OUT/tables/. "
-                                   "Layers already done with the same settings are skipped.")
-    _model_args(p)
-    _sae_args(p)
-    p.add_argument("--top-n", type=int, default=50, help="interactions kept per output feature (default: %(default)s)")
-    p.add_argument("--max-rank", type=int, default=8, help="largest low-rank approximation r (default: %(default)s)")
-    p.add_argument("--corr-rows", type=int, default=1024, help="held-out corpus rows for correlations (default: %(default)s)")
+    p = sub.add_parser("circuits", help="interaction, gate, eigen and low-rank tables per layer",
+                       description="Project each layer's bilinear MLP into its SAEs' bases and write the "
+                                   "interactions, gates, gate_truth, gate_ablation, eigen, eigen_inputs and "
+                                   "lowrank tables under OUT/tables/. Layers already done from the same "
+                                   "inputs are kept.")
+    _model_options(p)
+    _sae_options(p)
+    p.add_argument("--outputs", default="sae",
+                   help="comma list of output directions: sae (the output SAE's features), hosvd, "
+                        "logit:GOOD-BAD or logit:WORD (unembedding directions), file:PATH (.npy/.safetensors) "
+                        "(default: %(default)s)")
+    p.add_argument("--output-basis", choices=["encoder", "decoder"], default="encoder",
+                   help="read SAE outputs by their encoder rows (exact pre-activations) or decoder rows "
+                        "(default: %(default)s)")
+    p.add_argument("--corr-rows", type=int, default=1024,
+                   help="held-out rows for correlations and gate statistics (default: %(default)s)")
+    add_config(p, CircuitConfig)
     p.set_defaults(func=cmd_circuits)
 
-    p = sub.add_parser("features", help="describe SAE features (contexts, logits, ground truth)",
-                       description="Write OUT/tables/features/: frequency, top-activating contexts, "
-                                   "boosted tokens and, on the built-in corpus, ground-truth shares.")
-    _model_args(p)
-    p.add_argument("--sites", default="resid_mid,mlp_out", help="comma list of sites (default: %(default)s)")
-    p.add_argument("--rows", type=int, default=1024, help="held-out corpus rows scanned (default: %(default)s)")
+    p = sub.add_parser("features", help="describe SAE features (contexts, tokens, logits, labels)",
+                       description="Write OUT/tables/features/ and feature_labels/: frequency, contexts from "
+                                   "distinct documents and several quantiles, token-feature flags, boosted "
+                                   "tokens and, with labels, the share of activation per label class.")
+    _model_options(p)
+    _sae_options(p)
+    p.add_argument("--sites", default="resid_mid,mlp_in,mlp_out",
+                   help="comma list of the run's SAE sites to describe, where they exist (default: %(default)s)")
+    add_config(p, FeatureConfig, rename={"n_rows": "rows"})
     p.set_defaults(func=cmd_features)
 
-    p = sub.add_parser("report", help="write the HTML report of a run",
-                       description="Write OUT/report/index.html with PNG figures from the run's tables "
-                                   "(and, for the scatter plots and heatmaps, its model and SAEs, or "
-                                   "the explicit ones the tables were computed with).")
-    _model_args(p)
-    _sae_args(p)
+    p = sub.add_parser("report", help="write the one-page HTML report of a run",
+                       description="Write OUT/report/index.html with PNG figures from the run's tables, the "
+                                   "model and its SAEs (or the explicit ones the tables were computed with).")
+    _model_options(p)
+    _sae_options(p)
+    add_config(p, ReportConfig)
     p.set_defaults(func=cmd_report)
 
+    p = sub.add_parser("explore", help="write (and optionally serve) the interactive explorer",
+                       description="Write OUT/explorer/, a static site that opens from the file system: every "
+                                   "feature with its circuits, gates, spectra and contexts.")
+    _common(p, device=False)
+    p.add_argument("--serve", action="store_true", help="serve the site over HTTP after writing it")
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8000, help="port to serve on (default: %(default)s)")
+    p.set_defaults(func=cmd_explore)
+
     p = sub.add_parser("demo", help="run every stage on the built-in corpus",
-                       description="Corpus, tokenizer, LM, SAEs, circuits, features and report under OUT "
-                                   "(default results/demo/); finished stages are skipped. Ends with the "
-                                   "top AND-gate candidates.")
-    _run_arg(p)
+                       description="Corpus, tokenizer, LM, SAEs, circuits, features, report and explorer under "
+                                   "OUT (default results/demo/); finished stages are kept. Ends with each layer's "
+                                   "best AND-gate candidates and their verdicts.")
+    _common(p)
     p.add_argument("--small", action="store_true", help="a minutes-long miniature (for tests)")
+    p.add_argument("--seed", type=int, default=None, help="one seed for every stage (default: the config's)")
+    p.add_argument("--config", type=Path, default=None, help="a demo_config.json to run with")
     p.set_defaults(func=cmd_demo)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     _offline()
-    args = build_parser().parse_args(argv)
     try:
-        args.func(args)
-    except (FileNotFoundError, ValueError) as err:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit:  # argparse has printed its usage message
+        return int(exit.code or 0)
+    from pipelines.engine.lock import RunBusyError, run_lock
+
+    try:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        if args.command == "convert":
+            args.func(args)
+        else:
+            with run_lock(args.out, args.command):
+                args.func(args)
+    except KeyboardInterrupt:
+        print("\ninterrupted: finished work and the last checkpoint are kept; run the same command again to "
+              "continue", file=sys.stderr)
+        return 130
+    except (FileNotFoundError, ValueError, PermissionError, RunBusyError, NotADirectoryError, FileExistsError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {err.strerror or err} ({err.filename or ''})", file=sys.stderr)
         return 2
     return 0

@@ -1,88 +1,109 @@
-"""The demo: every stage on the built-in corpus, ending with the negation AND-gates found."""
+"""The demo: every stage on the built-in corpus, ending with each layer's best gate
+candidates, checked on data, and the negation AND-gates among them."""
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
+from circuits.config import Config, option
 from circuits.layer import CircuitConfig
-from circuits.tables import read_table
-from pipelines.features import FeatureConfig
-from pipelines.lm_training import LMTrainConfig
-from pipelines.model import PRESETS, ModelConfig
-from pipelines.negation import label_gates, top_gates, with_rank2_correlation
-from pipelines.paths import RunPaths
-from pipelines.report import ReportConfig, write_report
-from pipelines.stages import ensure_circuits, ensure_corpus, ensure_features, ensure_lm, ensure_saes
-from pipelines.stories import StoryConfig
-from pipelines.tokenizer import TokenizerConfig, load_tokenizer
+from pipelines.analysis.features import FeatureConfig
+from pipelines.analysis.verdicts import gate_verdicts
+from pipelines.data.corpus import LEXICON_FILE, CorpusConfig
+from pipelines.data.stories import StoryConfig
+from pipelines.data.tokenizer import TokenizerConfig
+from pipelines.engine.files import write_json
+from pipelines.engine.paths import RunPaths
+from pipelines.engine.tables import read_table
+from pipelines.lm.model import PRESETS, ModelConfig
+from pipelines.lm.training import LMTrainConfig
+from pipelines.report.page import ReportConfig, write_report
+from pipelines.stages import (ModelInputs, ensure_circuits, ensure_corpus, ensure_features, ensure_lm, ensure_saes,
+                              ensure_tokens)
 from sae.config import SAETrainConfig
-from sae.sites import SAE_SITES
+
+SITES = ["resid_mid", "mlp_out"]
 
 
-@dataclass
-class DemoConfig:
+@dataclass(frozen=True)
+class DemoConfig(Config):
     """Every setting of the demo, written to `<run>/demo_config.json`."""
 
-    stories: StoryConfig = field(default_factory=lambda: StoryConfig(n_stories=40000))  # corpus
-    model: ModelConfig = field(default_factory=lambda: PRESETS["demo"])  # LM shape
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)  # tokenizer training
-    lm: LMTrainConfig = field(default_factory=lambda: LMTrainConfig(train_tokens=2_000_000))  # LM training
+    stories: StoryConfig = option(doc="the built-in corpus", factory=lambda: StoryConfig(n_stories=40000))
+    model: ModelConfig = option(doc="the LM's shape", factory=lambda: PRESETS["demo"])
+    tokenizer: TokenizerConfig = option(doc="tokenizer training", factory=TokenizerConfig)
+    lm: LMTrainConfig = option(doc="LM training", factory=lambda: LMTrainConfig(train_tokens=2_000_000))
     # k 16 rather than the paper's share (8 of 512): with k 8 the input SAEs merge "not" with
     # the context's valence into conjunction features, hiding the AND the MLP computes.
-    sae: SAETrainConfig = field(default_factory=lambda: SAETrainConfig(k=16, train_tokens=1_000_000))  # each SAE
-    circuits: CircuitConfig = field(default_factory=CircuitConfig)  # circuit tables
-    corr_rows: int = 1024  # held-out rows for the low-rank correlations
-    features: FeatureConfig = field(default_factory=FeatureConfig)  # feature descriptions
-    report: ReportConfig = field(default_factory=ReportConfig)  # the HTML report
-    n_candidates: int = 8  # top gate candidates per layer printed and checked at the end
+    sae: SAETrainConfig = option(doc="each SAE", factory=lambda: SAETrainConfig(k=16, train_tokens=1_000_000))
+    circuits: CircuitConfig = option(doc="circuit tables", factory=CircuitConfig)
+    corr_rows: int = option(1024, "held-out rows for correlations, gate statistics and truth tables", low=1)
+    features: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
+    report: ReportConfig = option(doc="the HTML report", factory=ReportConfig)
+    n_candidates: int = option(8, "best data-ranked gate candidates per layer printed and checked", low=1)
+    explorer: bool = option(True, "write the interactive explorer too")
 
     @classmethod
     def small(cls) -> "DemoConfig":
-        """A miniature for the test suite: same stages, minutes instead of a quarter hour."""
+        """A miniature for the test suite: same stages, a minute or two."""
         return cls(
             stories=StoryConfig(n_stories=2000),
             model=PRESETS["tiny"],
             lm=LMTrainConfig(train_tokens=60_000, batch_size=16, eval_every=20, checkpoint_every=50),
-            sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192, eval_seqs=8),
-            circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5),
+            sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192, eval_rows=8),
+            circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5, n_truth=4),
             corr_rows=64,
             features=FeatureConfig(n_rows=64),
+            n_candidates=4,
         )
 
+    def with_seed(self, seed: int) -> "DemoConfig":
+        """The same demo with one seed for the corpus, the LM, the SAEs and the descriptions."""
+        return self.replace(stories=self.stories.replace(seed=seed), lm=self.lm.replace(seed=seed),
+                            sae=self.sae.replace(seed=seed))
 
-def run_demo(run: RunPaths, cfg: DemoConfig) -> None:
-    """Run every stage into `run`, skipping those already done, and print the gates found."""
+
+def run_demo(run: RunPaths, cfg: DemoConfig, device: str = "cpu") -> None:
+    """Run every stage into `run`, keeping those already done, and print the gates found."""
     start = time.perf_counter()
     run.root.mkdir(parents=True, exist_ok=True)
-    (run.root / "demo_config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
-    corpus = str(ensure_corpus(run, cfg.stories))
-    model, model_cfg, summary = ensure_lm(run, corpus, cfg.model, cfg.tokenizer, cfg.lm)
-    print(f"LM: held-out loss {summary['held_out_loss']:.3f} nats (unigram entropy "
-          f"{summary['unigram_entropy']:.3f}); valence after negation right "
+    write_json(run.root / "demo_config.json", cfg.to_json())
+    corpus = ensure_corpus(run, cfg.stories)
+    corpus_cfg = CorpusConfig(lexicon=str(corpus / LEXICON_FILE))
+    summary = ensure_lm(run, str(corpus), corpus_cfg, cfg.model, cfg.tokenizer, cfg.lm, device)
+    print(f"LM: held-out loss {summary['held_out_loss']:.3f} nats ({summary['bits_per_byte']:.3f} bits per byte; "
+          f"unigram entropy {summary['unigram_entropy']:.3f}); valence after a negation right "
           f"{summary.get('negated_accuracy', float('nan')):.1%}, plain {summary.get('plain_accuracy', float('nan')):.1%}")
-    tok = load_tokenizer(run.lm)
-    layers = list(range(model_cfg.n_layers))
-    metrics = ensure_saes(run, model, tok, corpus, layers, list(SAE_SITES), cfg.sae)
+    inputs = ModelInputs(run.lm, device)
+    store = ensure_tokens(run, str(corpus), inputs.tokenizer, inputs.config.n_ctx, corpus_cfg)
+    layers = list(range(inputs.config.n_layers))
+    metrics = ensure_saes(run, inputs, store, layers, SITES, cfg.sae, device)
     print(metrics[["layer", "site", "nmse", "l0", "dead_fraction", "loss_added"]]
           .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    ensure_circuits(run, model, tok, corpus, layers, cfg.circuits, cfg.corr_rows)
-    features = ensure_features(run, model, tok, corpus, layers, list(SAE_SITES), cfg.features)
-    report = write_report(run, cfg.report)
+    ensure_circuits(run, inputs, store, layers, cfg.circuits, cfg.corr_rows)
+    ensure_features(run, inputs, store, layers, SITES, cfg.features, seed=cfg.stories.seed)
+    report = write_report(run, cfg.report, inputs, layers, store)
+    if cfg.explorer:
+        from pipelines.explorer.site import write_explorer
 
-    gates = label_gates(top_gates(read_table(run.tables, "gates"), cfg.n_candidates), features)
-    gates = with_rank2_correlation(gates, read_table(run.tables, "lowrank"))
-    print(f"\nTop AND-gate candidates per layer, by and_score ({time.perf_counter() - start:.0f} s so far):")
-    for g in gates.itertuples(index=False):
-        flag = "  <- NEGATION GATE" if g.is_negation_gate else ""
-        print(f"  layer {g.layer} out {g.out_feature} <- ({g.in_a}, {g.in_b}): and_score {g.and_score:.3f}, "
-              f"cross {g.cross:.3f}, self {g.self_a:.3f}/{g.self_b:.3f}, rank-2 corr {g.corr_rank2:.2f} "
-              f"({g.n_active} active tokens){flag}")
+        write_explorer(run)
+
+    verdicts = gate_verdicts(read_table(run.tables, "gates"), read_table(run.tables, "gate_truth"),
+                             read_table(run.tables, "gate_ablation"), read_table(run.tables, "features"),
+                             read_table(run.tables, "feature_labels"), cfg.n_candidates)
+    print(f"\nBest gate candidates per layer, ranked by their contribution on held-out tokens "
+          f"({time.perf_counter() - start:.0f} s so far):")
+    for g in verdicts.itertuples(index=False):
+        flag = "  <- NEGATION AND-GATE" if g.negation_gate and g.is_and else ""
+        print(f"  layer {g.layer} #{g.layer_rank}: out {g.out_feature} <- ({g.in_a}, {g.in_b}): contribution "
+              f"{g.contribution_share:.1%} of its activation, both inputs on {g.coactivation:.0%} of its tokens, "
+              f"and_data {g.and_data:.2f}, weights and_score {g.and_score:.3f}: {g.verdict}{flag}")
         print(f"      out {g.out_feature}: {g.out_description}")
-        print(f"      in {g.in_a}: {g.in_a_description}")
-        print(f"      in {g.in_b}: {g.in_b_description}")
-    found = int(gates["is_negation_gate"].sum())
-    print(f"\n{found} negation AND-gate(s) among the top {cfg.n_candidates} candidates of each layer "
-          "(negation input x one-valence context input -> output predicting the other valence).")
+        print(f"      in {g.in_a}: {g.a_description}")
+        print(f"      in {g.in_b}: {g.b_description}")
+    found = int((verdicts["negation_gate"].fillna(False) & verdicts["is_and"]).sum())
+    print(f"\n{found} negation AND-gate(s) among the best {cfg.n_candidates} candidates of each layer "
+          "(a negation input and a one-valence context input that the output needs both of, the output "
+          "predicting words of the other valence).")
     print(f"report: {report}")

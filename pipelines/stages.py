@@ -1,230 +1,523 @@
-"""The stages of a run, each skipped when its outputs exist for the same configuration.
+"""The stages of a run. Each reuses its outputs exactly when their stamp matches.
 
-The command line and the demo call these; each takes a `RunPaths` and config dataclasses.
+The command line and the demo call these. A stage computes the digests of its inputs (model
+weights, corpus or token content, SAE files) and its config's recipe into a `Stamp`
+(`pipelines.engine.stamps`); outputs whose stamp equals it are reused, others are
+recomputed, and the stamp is written only once the new outputs are complete. The trained
+model is the one output that is never replaced silently: a run directory holds one model,
+and replacing it needs `force`.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.layer import CircuitConfig, analyse_layer, write_layer_tables
-from circuits.tables import has_table, read_table, write_table
-from circuits.weights import from_hooked_transformer, from_sae_lens
-from pipelines.corpus import load_corpus, write_story_corpus
-from pipelines.data import TokenRows, pack_corpus, split_rows
-from pipelines.features import FeatureConfig, feature_table
-from pipelines.lm_training import TRAIN_CONFIG_FILE, LMTrainConfig, is_trained, train_lm, unigram_entropy
-from pipelines.model import ModelConfig, load_config, load_model
-from pipelines.paths import RunPaths
-from pipelines.stories import StoryConfig
-from pipelines.tokenizer import BOS, TokenizerConfig, load_tokenizer, train_tokenizer
-from pipelines.train_saes import train_saes
-from pipelines.valence import valence_accuracy
-from sae.activations import iter_activations, keep_mask
-from sae.cache import weights_digest
+from circuits.layer import CircuitConfig, LayerBatch, Outputs, analyse_layer
+from circuits.sae_basis import output_directions, token_scale
+from circuits.tables import SCHEMAS
+from circuits.weights import MLPWeights, from_hooked_transformer
+from pipelines.data.corpus import CorpusConfig, corpus_digest, iter_documents, write_story_corpus
+from pipelines.data.stories import StoryConfig
+from pipelines.data.tokenizer import TOKENIZER_FILE, TokenizerConfig, load_tokenizer, train_tokenizer
+from pipelines.data.tokens import (TokenRows, TokenStore, bits_per_byte, build_token_store, held_out_mask,
+                                   open_token_store, unigram_entropy)
+from pipelines.engine import stamps
+from pipelines.engine.files import atomic_dir, clean_temporaries, digest, read_json, remove, text_digest, write_json
+from pipelines.engine.paths import RunPaths
+from pipelines.engine.stamps import Stamp
+from pipelines.engine.tables import has_table, provenance, read_table, table_path, write_table
+from pipelines.lm.behaviour import lexicon_accuracy
+from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
+from pipelines.lm.training import LOG_FILE, STATE_FILE, LMTrainConfig, held_out_loss, train_lm
+from sae.activations import iter_activations
 from sae.config import SAETrainConfig
-from sae.io import load_sae
+from sae.io import LoadedSAE, check_sae_point, load_sae, read_metrics, write_sae_extras
+from sae.metrics import evaluate_sae
+from sae.sites import INPUT_SITES, SITES, Point, hook_name, point_name
+from sae.topk import save_sae_lens
+from sae.train import inference_weights, train_saes
 
-HELD_OUT = 0.05  # share of packed rows kept out of LM training for its held-out loss
-CIRCUIT_TABLES = ("interactions", "gates", "eigen", "lowrank")
-DATA_CONFIG_FILE = "data_config.json"  # in lm/: the corpus digest and tokenizer settings it was trained on
+STAMP = ".stamp.json"  # hidden: a folder's content digest leaves it out
+WORK_STAMP = ".work.json"  # stamp of an unfinished training run in the same folder
+CORPUS_FILE = "corpus.json"  # in lm/: the corpus the model was trained on, for later stages' defaults
+SUMMARY_FILE = "summary.json"  # in lm/: held-out loss, bits per byte, behaviour
+SAE_CHECKPOINT_STAMP = ".checkpoint.json"
+METRICS_TABLE = "sae_metrics"
+SAE_METRICS_SCHEMA_COLUMNS = ["layer", "site", "hook", "d_in", "d_sae", "k", "train_tokens", "eval_tokens", "nmse",
+                              "l0", "dead_fraction", "loss_clean", "loss_patched", "loss_added"]
+
+
+class ModelReplacementError(ValueError):
+    """A stage would replace a trained model without `force`."""
+
+
+# ------------------------------------------------------------------ corpus and tokens
 
 
 def ensure_corpus(run: RunPaths, cfg: StoryConfig) -> Path:
     """The built-in story corpus of the run, generated unless it exists for `cfg`."""
-    cfg_file = run.corpus / "_story_config.json"
-    if cfg_file.is_file() and json.loads(cfg_file.read_text()) == asdict(cfg):
+    stamp = Stamp("corpus", {}, cfg.recipe())
+    if stamps.is_current(run.corpus / STAMP, stamp):
         return run.corpus
-    return write_story_corpus(cfg, run.root)
+    write_story_corpus(cfg, run.corpus)
+    stamps.finish(run.corpus / STAMP, stamp)
+    return run.corpus
 
 
-def corpus_source(run: RunPaths, corpus: str | None) -> str:
-    """The corpus a stage reads: the explicit one, else the run's built-in corpus."""
-    if corpus is not None:
-        return corpus
-    if not run.corpus.is_dir():
-        raise FileNotFoundError(
-            f"no corpus in {run.root}: run `bilinear-circuits corpus --out {run.root}` first "
-            "or pass --corpus PATH"
-        )
-    return str(run.corpus)
+def ensure_tokens(run: RunPaths, source: str, tok: Tokenizer, n_ctx: int, cfg: CorpusConfig) -> TokenStore:
+    """The corpus tokenized and packed for this tokenizer and context (built once, reused)."""
+    inputs = {"corpus": corpus_digest(source), "tokenizer": text_digest(tok.to_str())}
+    if cfg.lexicon:
+        inputs["lexicon"] = digest(cfg.lexicon)
+    stamp = Stamp("tokens", inputs, {"n_ctx": n_ctx, **cfg.recipe()})
+    folder = run.tokens / text_digest(stamp.to_json())[:16]
+    if stamps.is_current(folder / STAMP, stamp):
+        return open_token_store(folder)
+    store = build_token_store(source, tok, n_ctx, cfg, folder, corpus_name=source)
+    stamps.finish(folder / STAMP, stamp)
+    return store
 
 
-def token_rows(corpus: str, tok: Tokenizer, n_ctx: int) -> tuple[TokenRows, TokenRows]:
-    """The corpus tokenized and packed, split into (train, held-out) rows."""
-    return _packed(corpus, tok.to_str(), n_ctx)
+def tokens_digest(rows: TokenRows) -> str:
+    """Digest of the token ids of a split (what an LM or SAE trained on)."""
+    return digest(rows.tokens.filename)
 
 
-@functools.lru_cache(maxsize=2)
-def _packed(corpus: str, tok_json: str, n_ctx: int) -> tuple[TokenRows, TokenRows]:
-    # The demo runs every stage in one process: tokenize the corpus once, not per stage.
-    tok = Tokenizer.from_str(tok_json)
-    return split_rows(pack_corpus(load_corpus(corpus), tok, n_ctx), HELD_OUT)
+# ------------------------------------------------------------------ the language model
 
 
-def ensure_lm(
-    run: RunPaths,
-    corpus: str,
-    model_cfg: ModelConfig,
-    tok_cfg: TokenizerConfig,
-    train_cfg: LMTrainConfig,
-) -> tuple[HookedTransformer, ModelConfig, dict]:
-    """Train the run's LM (and its tokenizer) unless it is already trained with these configs.
+def _lm_stamp(source: str, corpus_cfg: CorpusConfig, model_cfg: ModelConfig, tok_cfg: TokenizerConfig,
+              train_cfg: LMTrainConfig) -> Stamp:
+    split = {"text_column": corpus_cfg.text_column, "held_out": corpus_cfg.held_out, "split_seed": corpus_cfg.split_seed}
+    return Stamp("train-lm", {"corpus": corpus_digest(source)},
+                 {"model": model_cfg.recipe(), "tokenizer": tok_cfg.recipe(), "train": train_cfg.recipe(), "split": split})
 
-    Returns the model, its config and a summary with the held-out loss, the corpus's
-    unigram entropy and, on the built-in corpus, the valence accuracy after negations.
+
+def ensure_lm(run: RunPaths, source: str, corpus_cfg: CorpusConfig, model_cfg: ModelConfig, tok_cfg: TokenizerConfig,
+              train_cfg: LMTrainConfig, device: str = "cpu", force: bool = False) -> dict:
+    """Train the run's tokenizer and LM unless `lm/` holds them for exactly these inputs.
+
+    A finished model of other inputs (or a converted one) is replaced only with `force`.
+    An unfinished run of the same inputs resumes from its checkpoint; one of other inputs
+    is discarded. Returns the model's summary (`lm/summary.json`).
     """
-    data = {"corpus": files_digest(corpus), "tokenizer": asdict(tok_cfg)}
-    data_file = run.lm / DATA_CONFIG_FILE
-    if data_file.is_file() and json.loads(data_file.read_text()) != data:
-        raise ValueError(
-            f"{run.lm} was trained on another corpus or tokenizer setting; choose another --out "
-            "or delete that folder"
-        )
-    run.lm.mkdir(parents=True, exist_ok=True)
-    data_file.write_text(json.dumps(data, indent=2))
-    tok_file = run.lm / "tokenizer.json"
-    if tok_file.is_file():
-        tok = load_tokenizer(tok_file)
+    stamp = _lm_stamp(source, corpus_cfg, model_cfg, tok_cfg, train_cfg)
+    lm = run.lm
+    if stamps.is_current(lm / STAMP, stamp) and (lm / SUMMARY_FILE).is_file():
+        return read_json(lm / SUMMARY_FILE)
+    finished = (lm / STAMP).is_file() or (lm / "model.safetensors").is_file() and not (lm / STATE_FILE).exists()
+    if finished and not force:
+        changed = stamps.changes(lm / STAMP, stamp) or ["it was not trained by this run (converted or copied)"]
+        raise ModelReplacementError(
+            f"{lm} holds a trained model of other inputs ({', '.join(changed)}); every later stage depends on it, "
+            "so it is not replaced silently: pass --force to retrain it, or use another --out")
+    if finished or not stamps.is_current(lm / WORK_STAMP, stamp):
+        if lm.exists():
+            if (lm / STATE_FILE).exists() and not finished:
+                print(f"discarding the unfinished training in {lm}: it was for other inputs")
+            remove(lm)
+    lm.mkdir(parents=True, exist_ok=True)
+    stamps.finish(lm / WORK_STAMP, stamp)
+    if (lm / TOKENIZER_FILE).is_file():
+        tok = load_tokenizer(lm)
     else:
-        tok = train_tokenizer(load_corpus(corpus)["text"].astype(str), tok_cfg)
-    model_cfg = ModelConfig(**{**asdict(model_cfg), "d_vocab": tok.get_vocab_size()})
-    train, held_out = token_rows(corpus, tok, model_cfg.n_ctx)
-    if is_trained(run.lm):
-        saved_train = json.loads((run.lm / TRAIN_CONFIG_FILE).read_text())
-        if load_config(run.lm) != model_cfg or saved_train != asdict(train_cfg):
-            raise ValueError(
-                f"{run.lm} holds a model trained with other settings; choose another --out "
-                "or delete that folder"
-            )
-        model, _ = load_model(run.lm)
-        log = pd.read_parquet(run.lm / "train_log.parquet")
-    else:
-        model, log = train_lm(model_cfg, tok, train, held_out, train_cfg, run.lm)
+        tok = train_tokenizer(_tokenizer_texts(source, corpus_cfg, tok_cfg.train_docs), tok_cfg)
+        tok.save(str(lm / TOKENIZER_FILE))
+    store = ensure_tokens(run, source, tok, model_cfg.n_ctx, corpus_cfg)
+    model_cfg = model_cfg.replace(d_vocab=tok.get_vocab_size())
+    model, log = train_lm(model_cfg, store.train, store.held_out, train_cfg, lm, device)
+    summary = summarise_lm(model, store, log, train_cfg)
+    write_json(lm / "train_config.json", train_cfg.to_json())
+    write_json(lm / SUMMARY_FILE, summary)
+    np.save(lm / "token_counts.npy", store.token_counts())
+    write_json(lm / CORPUS_FILE, {"source": _portable(source, lm), "config": corpus_cfg.to_json()})
+    (lm / STATE_FILE).unlink(missing_ok=True)
+    stamps.begin(lm / WORK_STAMP)
+    stamps.finish(lm / STAMP, stamp)
+    return summary
+
+
+def summarise_lm(model: HookedTransformer, store: TokenStore, log: pd.DataFrame, cfg: LMTrainConfig) -> dict:
+    """Held-out loss in nats and bits per byte, the unigram entropy, speed and behaviour."""
+    loss = held_out_loss(model, store.held_out, min(len(store.held_out), 256), cfg.batch_size, cfg.autocast)
     summary = {
-        "held_out_loss": float(log["held_out_loss"].iloc[-1]),
-        "unigram_entropy": unigram_entropy(train.tokens, model_cfg.d_vocab),
+        "held_out_loss": loss,
+        "bits_per_byte": bits_per_byte(loss, store.bytes_per_token()),
+        "unigram_entropy": unigram_entropy(store.token_counts()),
         "tokens_per_s": float(log["tokens_per_s"].median()),
+        "corpus": store.info["corpus"],
+        "documents": store.info["documents"],
+        "train_tokens_available": store.info["splits"]["train"]["tokens"],
+        "held_out_tokens_available": store.info["splits"]["held_out"]["tokens"],
     }
-    if "sentiment" in held_out.labels:
-        summary.update(valence_accuracy(model, held_out, tok))
-    return model, model_cfg, summary
+    lexicon = store.lexicon_tokens
+    if len(lexicon) >= 2 and "lexicon" in store.classes:
+        summary.update(lexicon_accuracy(model, store.held_out, lexicon, store.classes["lexicon"]))
+    return summary
 
 
-def ensure_saes(
-    run: RunPaths, model: HookedTransformer, tok: Tokenizer, corpus: str,
-    layers: list[int], sites: list[str], cfg: SAETrainConfig,
-) -> pd.DataFrame:
-    """Train every (layer, site) SAE not yet finished; returns all their metrics."""
-    train, _ = token_rows(corpus, tok, model.cfg.n_ctx)
-    return train_saes(model, train.tokens, run.root, layers, sites, cfg, bos_id=tok.token_to_id(BOS))
+def _tokenizer_texts(source: str, cfg: CorpusConfig, limit: int):
+    """The first `limit` training documents (held-out ones are left out)."""
+    seen = 0
+    index = 0
+    for batch in iter_documents(source, cfg):
+        held = held_out_mask(np.arange(index, index + len(batch.texts)), cfg.held_out, cfg.split_seed)
+        index += len(batch.texts)
+        for text, is_held in zip(batch.texts, held):
+            if not is_held:
+                yield text
+                seen += 1
+                if seen >= limit:
+                    return
 
 
-def _done_marker(run: RunPaths, stage: str, layer: int) -> Path:
-    return run.tables / "_stages" / f"{stage}-layer{layer}.json"
-
-
-def _is_done(marker: Path, settings: dict) -> bool:
-    try:
-        return json.loads(marker.read_text()) == settings
-    except (FileNotFoundError, json.JSONDecodeError):
-        return False
-
-
-def _mark_done(marker: Path, settings: dict) -> None:
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(settings, indent=2))
-    tmp.replace(marker)
-
-
-def files_digest(source: str | Path) -> str:
-    """A hash of a file's or folder's bytes (or of the name, for a hub dataset)."""
+def _portable(source: str, lm: Path) -> str:
+    """A corpus path relative to the model folder when it lies in the same run (moves with it)."""
     path = Path(source)
-    digest = hashlib.sha256(str(source).encode())
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        if f.is_file():
-            digest.update(f.name.encode())
-            digest.update(f.read_bytes())
-    return digest.hexdigest()
+    if source.startswith("hf:") or not path.exists():
+        return source
+    try:
+        return "@lm/" + str(path.resolve().relative_to(lm.resolve().parent))
+    except ValueError:
+        return str(path.resolve())
 
 
-def _sae_digest(path: Path) -> str:
-    return files_digest(path) if Path(path).is_dir() else "missing"
+def trained_corpus(model_dir: Path) -> tuple[str, CorpusConfig] | None:
+    """The corpus a model of this run was trained on, with its settings, if recorded."""
+    data = read_json(Path(model_dir) / CORPUS_FILE)
+    if data is None:
+        return None
+    source = data["source"]
+    if source.startswith("@lm/"):
+        source = str(Path(model_dir).parent / source[4:])
+    return source, CorpusConfig.from_json(data["config"])
 
 
-def mlp_batches(model: HookedTransformer, rows: torch.Tensor, keep: torch.Tensor, layer: int, sae_out):
-    """(MLP input x [n, d_model], output SAE activations [n, d_sae]) per batch of rows."""
-    points = [(layer, "mlp_in"), (layer, "mlp_out")]
-    for acts in iter_activations(model, rows, points, keep=keep):
-        with torch.no_grad():
-            yield acts[(layer, "mlp_in")], sae_out.encode(acts[(layer, "mlp_out")])
+# ------------------------------------------------------------------ the inputs of the analysis stages
 
 
-def ensure_circuits(
-    run: RunPaths, model: HookedTransformer, tok: Tokenizer, corpus: str,
-    layers: list[int], cfg: CircuitConfig, corr_rows: int = 1024,
-    sae_paths: dict[int, tuple[Path, Path]] | None = None,
-) -> list[int]:
-    """Circuit tables for each layer not yet done with these settings; returns those analysed.
+@dataclass
+class ModelInputs:
+    """A model folder, loaded lazily, with its tokenizer and digest."""
 
-    `sae_paths[layer] = (input SAE, output SAE)` overrides the run's SAEs. Correlations use
-    up to `corr_rows` held-out rows of the corpus.
-    """
-    _, held_out = token_rows(corpus, tok, model.cfg.n_ctx)
-    rows = held_out.tokens[:corr_rows]
-    keep = keep_mask(rows, bos_id=tok.token_to_id(BOS))
-    inputs = {"model": weights_digest(model), "corpus": files_digest(corpus)}
-    analysed = []
-    for layer in tqdm(layers, desc="circuits", unit="layer"):
-        path_in, path_out = (sae_paths or {}).get(layer, (run.sae(layer, "resid_mid"), run.sae(layer, "mlp_out")))
-        settings = {"config": json.loads(cfg.to_json()), "corr_rows": len(rows), **inputs,
-                    "sae_in": _sae_digest(path_in), "sae_out": _sae_digest(path_out)}
-        marker = _done_marker(run, "circuits", layer)
-        if _is_done(marker, settings) and all(has_table(run.tables, t, layer) for t in CIRCUIT_TABLES):
+    folder: Path
+    device: str = "cpu"
+    config: ModelConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        self.config = load_config(self.folder)  # cheap: usage errors come before any loading
+
+    @cached_property
+    def model(self) -> HookedTransformer:
+        model, _ = load_model(self.folder, self.device)
+        return model
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        return load_tokenizer(self.folder)
+
+    @cached_property
+    def digest(self) -> str:
+        return model_digest(self.folder)
+
+    @cached_property
+    def untrained(self) -> np.ndarray:
+        """Token ids the model never saw in training (or, for a foreign model, none known)."""
+        counts = self.folder / "token_counts.npy"
+        if not counts.is_file():
+            return np.zeros(0, dtype=np.int64)
+        return np.nonzero(np.load(counts) == 0)[0]
+
+
+# ------------------------------------------------------------------ SAEs
+
+
+def ensure_saes(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], sites: list[str],
+                cfg: SAETrainConfig, device: str = "cpu") -> pd.DataFrame:
+    """Train every (layer, site) SAE whose folder is not current; returns all their metrics."""
+    if len(set(sites)) != len(sites):
+        raise ValueError(f"--sites names a site twice: {','.join(sites)}")
+    unknown = [s for s in sites if s not in SITES]
+    if unknown:
+        raise ValueError(f"unknown site {unknown[0]!r}; choose from {', '.join(SITES)}")
+    cfg = cfg.resolve(inputs.config.d_model)
+    clean_temporaries(run.root)
+    points = [(layer, site) for layer in layers for site in sites]
+    model_inputs = {"model": inputs.digest, "tokens": tokens_digest(store.train)}
+
+    def stamp(point: Point) -> Stamp:
+        return Stamp("train-saes", model_inputs, {"recipe": cfg.recipe(), "point": list(point)})
+
+    todo = []
+    for point in points:
+        folder = run.sae(*point)
+        if stamps.is_current(folder / STAMP, stamp(point)):
             continue
-        marker.unlink(missing_ok=True)  # a rewrite interrupted half-way must not count as done
-        sae_in, sae_out = load_sae(path_in, model=model), load_sae(path_out, model=model)
-        tables = analyse_layer(
-            from_hooked_transformer(model, layer), from_sae_lens(sae_in), from_sae_lens(sae_out),
-            mlp_batches(model, rows, keep, layer, sae_out), cfg, layer, progress=True,
-        )
-        write_layer_tables(tables, run.tables, layer)
-        _mark_done(marker, settings)
-        analysed.append(layer)
-    return analysed
-
-
-def ensure_features(
-    run: RunPaths, model: HookedTransformer, tok: Tokenizer, corpus: str,
-    layers: list[int], sites: list[str], cfg: FeatureConfig,
-) -> pd.DataFrame:
-    """The features table of every (layer, site) SAE, unless done with these settings."""
-    inputs = {"config": cfg.to_json(), "model": weights_digest(model), "corpus": files_digest(corpus)}
-
-    def settings(layer: int) -> dict:
-        return {**inputs, "saes": {s: _sae_digest(run.sae(layer, s)) for s in sites}}
-
-    todo = [l for l in layers if not (_is_done(_done_marker(run, "features", l), settings(l))
-                                      and has_table(run.tables, "features", l))]
-    for layer in todo:
-        _done_marker(run, "features", layer).unlink(missing_ok=True)
+        changed = stamps.changes(folder / STAMP, stamp(point))
+        if changed:
+            print(f"retraining {point_name(point)}: its {', '.join(changed)} changed")
+        todo.append(point)
     if todo:
-        _, held_out = token_rows(corpus, tok, model.cfg.n_ctx)
-        saes = {(l, s): load_sae(run.sae(l, s), model=model) for l in todo for s in sites}
-        df = feature_table(model, tok, held_out, saes, cfg)
+        _train_points(run, inputs, store, todo, cfg, device, stamp)
+    for layer in sorted({p[0] for p in points}):
+        _write_metrics_table(run, layer)
+    return pd.DataFrame([read_metrics(run.sae(*p)) for p in points])
+
+
+def _train_points(run, inputs: ModelInputs, store: TokenStore, todo: list[Point], cfg: SAETrainConfig, device: str,
+                  stamp) -> None:
+    job = Stamp("train-saes", {point_name(p): text_digest(stamp(p).to_json()) for p in todo}, {})
+    resume = None
+    if stamps.is_current(run.saes / SAE_CHECKPOINT_STAMP, job) and run.sae_checkpoint.is_file():
+        resume = torch.load(run.sae_checkpoint, weights_only=False, map_location=device)
+        print(f"resuming SAE training at step {resume['step']} of {cfg.train_steps}")
+    else:
+        run.sae_checkpoint.unlink(missing_ok=True)
+        stamps.finish(run.saes / SAE_CHECKPOINT_STAMP, job)
+
+    def save_checkpoint(state: dict) -> None:
+        from pipelines.engine.files import atomic_file
+
+        with atomic_file(run.sae_checkpoint) as tmp:
+            torch.save(state, tmp)
+
+    model = inputs.model
+    trainers = train_saes(model, store.train, todo, cfg, device, save_checkpoint, resume)
+    eval_rows = store.held_out.head(cfg.eval_rows)
+    tokens = eval_rows.batch(slice(None))
+    keep = eval_rows.keep(tokens)
+    for point, trainer in tqdm(trainers.items(), desc="evaluate SAEs", unit="SAE"):
+        layer, site = point
+        weights = inference_weights(trainer.sae)
+        metrics = evaluate_sae(model, weights, tokens, layer, site, keep, cfg.model_batch_rows)
+        row = {"layer": layer, "site": site, "hook": hook_name(layer, site), "d_in": weights.d_in,
+               "d_sae": weights.d_sae, "k": cfg.k, "train_tokens": cfg.used_tokens, **metrics.to_json()}
+        with atomic_dir(run.sae(*point)) as tmp:
+            save_sae_lens(trainer.sae, tmp, {"hook_name": hook_name(layer, site), "model_name": "bilinear-lm",
+                                             "context_size": inputs.config.n_ctx, "prepend_bos": True})
+            write_sae_extras(tmp, cfg.to_json(), row, trainer.log_feature_sparsity)
+            stamps.finish(tmp / STAMP, stamp(point))
+    run.sae_checkpoint.unlink(missing_ok=True)
+    stamps.begin(run.saes / SAE_CHECKPOINT_STAMP)
+
+
+def _write_metrics_table(run: RunPaths, layer: int) -> None:
+    """The layer's metrics table from every finished SAE of the layer."""
+    rows = [read_metrics(run.sae(layer, s)) for s in SITES if (run.sae(layer, s) / STAMP).is_file()]
+    if rows:
+        write_table(pd.DataFrame(rows)[SAE_METRICS_SCHEMA_COLUMNS], run.tables, METRICS_TABLE, layer=layer)
+
+
+# ------------------------------------------------------------------ circuit tables
+
+
+CIRCUIT_TABLES = ("interactions", "gates", "eigen", "eigen_inputs")
+ACTIVE_TABLES = ("lowrank", "gate_truth", "gate_ablation")  # only for outputs that are SAE features
+
+
+@dataclass
+class LayerSAEs:
+    """The SAEs of one layer's analysis and where the input one reads."""
+
+    layer: int
+    sae_in: LoadedSAE
+    input_site: str
+    sae_out: LoadedSAE | None
+
+
+def layer_saes(run: RunPaths, inputs: ModelInputs, layer: int, explicit: tuple[Path, Path | None] | None,
+               input_site: str, need_output: bool, allow_hookless: bool = False) -> LayerSAEs:
+    """Load and check a layer's SAEs: explicit paths, or the run's own for `input_site`."""
+    path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, "mlp_out"))
+    d_model = inputs.config.d_model
+    sae_in = load_sae(path_in, inputs.device)
+    sites = INPUT_SITES if explicit else (input_site,)
+    if sae_in.point is None and allow_hookless:
+        sites = (input_site,)
+    site = check_sae_point(sae_in, d_model, layer, sites, "input", allow_hookless)
+    sae_out = None
+    if need_output:
+        if path_out is None:
+            raise ValueError(f"layer {layer}: outputs 'sae' need an output SAE (--sae-out)")
+        sae_out = load_sae(path_out, inputs.device)
+        check_sae_point(sae_out, d_model, layer, ("mlp_out",), "output", allow_hookless)
+    return LayerSAEs(layer, sae_in, site, sae_out)
+
+
+def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: LayerSAEs, batch_rows: int = 32):
+    """A callable giving a fresh pass of `LayerBatch`es over the first `n_rows` rows."""
+    layer, site = saes.layer, saes.input_site
+    points = sorted({(layer, "mlp_in"), (layer, "mlp_out"), (layer, site)})
+    eps = float(model.cfg.eps)
+
+    def batches():
+        for _, tokens in rows.iter_batches(batch_rows, n_rows):
+            for acts in iter_activations(model, tokens, points, rows.keep(tokens), batch_rows):
+                source = acts[(layer, site)]
+                yield LayerBatch(x=acts[(layer, "mlp_in")], z=saes.sae_in.weights.encode(source),
+                                 scale=token_scale(source, eps, site),
+                                 acts=saes.sae_out.weights.encode(acts[(layer, "mlp_out")]))
+
+    return batches
+
+
+def output_sets(specs: list[str], basis: str, inputs: ModelInputs, mlp: MLPWeights, saes: LayerSAEs,
+                cfg: CircuitConfig) -> list[Outputs]:
+    """The output directions named by `--outputs` (see `pipelines.analysis.outputs`)."""
+    from pipelines.analysis.outputs import parse_outputs
+
+    return parse_outputs(specs, basis, inputs, mlp, saes, cfg)
+
+
+def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], cfg: CircuitConfig,
+                    corr_rows: int, sae_paths: dict[int, tuple[Path, Path | None]] | None = None,
+                    input_site: str = "resid_mid", outputs: tuple[str, ...] = ("sae",), output_basis: str = "encoder",
+                    allow_hookless: bool = False, n_ablation_rows: int = 256) -> list[str]:
+    """Circuit tables of each layer and output set not yet current; returns those computed."""
+    from pipelines.analysis.ablation import gate_ablations
+    from pipelines.analysis.features import boosted_token_ids
+
+    held_digest = tokens_digest(store.held_out)
+    done = []
+    for layer in tqdm(layers, desc="circuits", unit="layer"):
+        explicit = (sae_paths or {}).get(layer)
+        saes = layer_saes(run, inputs, layer, explicit, input_site, "sae" in outputs, allow_hookless)
+        mlp = None
+        for spec in outputs:
+            part = _part_name(saes.input_site, spec, output_basis)
+            stamp = Stamp("circuits", {
+                "model": inputs.digest, "held_out_tokens": held_digest, "sae_in": digest(saes.sae_in.path),
+                "outputs": digest(saes.sae_out.path) if spec == "sae" else text_digest(spec, _spec_file_digest(spec)),
+            }, {"circuits": cfg.recipe(), "corr_rows": corr_rows, "input_site": saes.input_site,
+                "outputs": spec, "output_basis": output_basis})
+            names = CIRCUIT_TABLES + (ACTIVE_TABLES if spec == "sae" else ()) + (("hosvd",) if spec == "hosvd" else ())
+            marker = run.stamp("circuits", layer, part)
+            if stamps.is_current(marker, stamp) and all(has_table(run.tables, n, layer, part) for n in names):
+                continue
+            stamps.begin(marker)
+            model = inputs.model
+            mlp = mlp or from_hooked_transformer(model, layer)
+            out = output_sets([spec], output_basis, inputs, mlp, saes, cfg)[0]
+            batches = layer_batches(model, store.held_out, corr_rows, saes) if out.sae is not None else None
+            tables = analyse_layer(mlp, saes.sae_in.weights, out, batches, cfg, layer, saes.input_site, progress=True)
+            if out.sae is not None:
+                boosted = boosted_token_ids(model, out.sae.W_dec, inputs.tokenizer, inputs.untrained)
+                tables["gate_ablation"] = gate_ablations(
+                    model, layer, saes, mlp, out, tables["gates"], boosted, store.held_out,
+                    min(corr_rows, n_ablation_rows), cfg.n_truth)
+            for name, frame in tables.items():
+                write_table(frame, run.tables, name, layer, SCHEMAS[name], part=part, provenance=stamp.to_json())
+            stamps.finish(marker, stamp)
+            done.append(f"layer {layer} {part}")
+    return done
+
+
+def _part_name(input_site: str, spec: str, basis: str) -> str:
+    """File name of one output set's tables within a layer's folder."""
+    if spec == "sae":
+        name = "sae" if basis == "encoder" else "sae-decoder"
+    elif spec == "hosvd":
+        name = "hosvd"
+    else:
+        name = spec.split(":", 1)[0] + "-" + text_digest(spec)[:8]
+    return f"{input_site}-{name}"
+
+
+def _spec_file_digest(spec: str) -> str:
+    if spec.startswith("file:"):
+        return digest(spec[5:])
+    return ""
+
+
+def check_tables_match(run: RunPaths, layer: int, part: str, sae_in: Path, sae_out: Path | None) -> None:
+    """Refuse to show a layer's tables next to SAEs other than those they were computed with."""
+    recorded = provenance(table_path(run.tables, "gates", layer, part))
+    if recorded is None:
+        return
+    now = {"sae_in": digest(sae_in)}
+    if sae_out is not None:
+        now["outputs"] = digest(sae_out)
+    changed = [name for name, value in now.items() if recorded["inputs"].get(name) != value]
+    if changed:
+        raise ValueError(f"the layer {layer} tables in {run.tables} were computed with other SAEs than "
+                         f"{', '.join(str(p) for p in (sae_in, sae_out) if p)} ({', '.join(changed)} differ); "
+                         "rerun `circuits` with these SAEs or pass the ones the tables were computed with")
+
+
+# ------------------------------------------------------------------ feature descriptions
+
+
+def held_out_digest(store: TokenStore) -> str:
+    """Digest of the held-out tokens and their labels (what descriptions are computed from)."""
+    files = sorted(store.folder.glob("held_out.*.bin"))
+    return text_digest([digest(f) for f in files], store.classes, store.lexicon_tokens)
+
+
+def ensure_features(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], sites: list[str],
+                    cfg, sae_paths: dict[int, tuple[Path, Path | None]] | None = None,
+                    allow_hookless: bool = False, seed: int = 0) -> pd.DataFrame:
+    """The `features` and `feature_labels` tables of each layer not yet current."""
+    from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA, feature_tables
+
+    todo, per_layer = [], {}
+    for layer in layers:
+        saes = _feature_saes(run, inputs, layer, sites, (sae_paths or {}).get(layer), allow_hookless)
+        stamp = Stamp("features", {"model": inputs.digest, "held_out": held_out_digest(store),
+                                   **{point_name(p): digest(s.path) for p, s in saes.items()}},
+                      {"features": cfg.recipe(), "seed": seed})
+        marker = run.stamp("features", layer)
+        if stamps.is_current(marker, stamp) and has_table(run.tables, "features", layer):
+            continue
+        stamps.begin(marker)
+        todo.append(layer)
+        per_layer[layer] = (saes, stamp, marker)
+    if todo:
+        saes = {p: s.weights for layer in todo for p, s in per_layer[layer][0].items()}
+        counts = np.load(inputs.folder / "token_counts.npy") if (inputs.folder / "token_counts.npy").is_file() else None
+        features, labels = feature_tables(inputs.model, inputs.tokenizer, store.held_out, saes, cfg, store.classes,
+                                          store.lexicon_tokens, counts, seed)
         for layer in todo:
-            write_table(df[df["layer"] == layer], run.tables, "features", layer=layer)
-            _mark_done(_done_marker(run, "features", layer), settings(layer))
-    return read_table(run.tables, "features")
+            _, stamp, marker = per_layer[layer]
+            write_table(features[features["layer"] == layer], run.tables, "features", layer, FEATURES_SCHEMA,
+                        provenance=stamp.to_json())
+            write_table(labels[labels["layer"] == layer], run.tables, "feature_labels", layer, FEATURE_LABELS_SCHEMA,
+                        provenance=stamp.to_json())
+            stamps.finish(marker, stamp)
+    return read_table(run.tables, "features", layers)
+
+
+def _feature_saes(run: RunPaths, inputs: ModelInputs, layer: int, sites: list[str],
+                  explicit: tuple[Path, Path | None] | None, allow_hookless: bool) -> dict[Point, LoadedSAE]:
+    """The SAEs of a layer to describe: explicit ones, or the run's for `sites` that exist."""
+    d_model = inputs.config.d_model
+    found = {}
+    if explicit is not None:
+        path_in, path_out = explicit
+        sae_in = load_sae(path_in, inputs.device)
+        found[(layer, check_sae_point(sae_in, d_model, layer, INPUT_SITES, "input", allow_hookless))] = sae_in
+        if path_out is not None:
+            sae_out = load_sae(path_out, inputs.device)
+            check_sae_point(sae_out, d_model, layer, ("mlp_out",), "output", allow_hookless)
+            found[(layer, "mlp_out")] = sae_out
+        return found
+    for site in sites:
+        folder = run.sae(layer, site)
+        if folder.is_dir():
+            sae = load_sae(folder, inputs.device)
+            check_sae_point(sae, d_model, layer, (site,), "input" if site != "mlp_out" else "output")
+            found[(layer, site)] = sae
+    if not found:
+        raise FileNotFoundError(f"no SAEs of layer {layer} in {run.saes} for sites {', '.join(sites)}: "
+                                "run `train-saes` first or pass --sae-in/--sae-out")
+    return found

@@ -1,174 +1,372 @@
-"""Describe SAE features: how often and how strongly they fire, where, and what they boost.
+"""Describe SAE features on held-out text: how often and how strongly they fire, where, on
+which tokens, what they predict, and which labels their activation falls on.
 
-One pass over the corpus encodes every (layer, site) SAE's activations and keeps, per
-feature, running counts, sums, the top-activating tokens and, on the built-in corpus, how
-much of its activation falls inside negations and in positive or negative contexts.
+One pass over held-out rows encodes every SAE and keeps per feature running counts, sums,
+the best-activating tokens (at most one per document, so one long document cannot fill
+every slot), a uniform sample of its activations (for contexts at several quantiles, as
+feature dashboards show), its activation mass per token id (a feature whose mass sits on
+one token is flagged as a token feature) and per label class (`pipelines.data.labels`).
 
-For `mlp_out` features, `valence_boost` is the mean direct logit effect on the positive
-sentiment words minus that on the negative ones, in standard deviations of the feature's
-effects over the whole vocabulary: how strongly it predicts one valence.
+For `mlp_out` features the direct logit effect of the decoder direction (through the final
+norm's gain) gives the boosted and suppressed tokens, special tokens and tokens the model
+never trained on left out, and, with a lexicon, how strongly each lexicon class is boosted
+(`boost_sd`: the class's mean effect minus the other classes', in standard deviations of
+the effects over the vocabulary; only for classes of at least `min_lexicon_tokens` tokens).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
-from sae_lens import SAE
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from pipelines.data import TokenRows
-from pipelines.stories import NEGATIVE, POSITIVE
-from pipelines.tokenizer import BOS
-from pipelines.valence import word_ids
-from sae.activations import iter_activations, keep_mask
+from circuits.config import Config, option
+from circuits.weights import SAEWeights
+from pipelines.data.labels import LEXICON_CHANNEL
+from pipelines.data.tokenizer import WORD_START, display_token, special_ids
+from pipelines.data.tokens import TokenRows
+from sae.activations import iter_activations
 from sae.sites import Point
 
+FEATURES_SCHEMA = pa.schema([
+    ("layer", pa.int64()), ("site", pa.string()), ("feature", pa.int64()),
+    ("frequency", pa.float64()),  # share of held-out tokens where the feature is active
+    ("max_activation", pa.float64()), ("mean_activation", pa.float64()),  # mean over active tokens
+    ("top_contexts", pa.list_(pa.string())),  # best-activating windows, one per document, active token in [brackets]
+    ("top_documents", pa.list_(pa.int64())),  # the document of each
+    ("top_tokens", pa.list_(pa.string())),  # the active token of each
+    ("sample_contexts", pa.list_(pa.string())),  # windows at several activation quantiles
+    ("sample_quantiles", pa.list_(pa.float64())),  # the quantile of each within the feature's activations
+    ("top_token", pa.string()),  # the token carrying most of the feature's activation
+    ("top_token_share", pa.float64()),  # its share of the activation
+    ("is_token_feature", pa.bool_()),  # top_token_share >= FeatureConfig.token_feature_share
+    ("boosted_tokens", pa.list_(pa.string())),  # mlp_out: largest direct logit effects (no special/untrained tokens)
+    ("suppressed_tokens", pa.list_(pa.string())),
+    ("label", pa.string()),  # the label class with most of the activation (null without labels)
+    ("label_share", pa.float64()),
+    ("boost_label", pa.string()),  # mlp_out with a lexicon: the class it boosts most (null otherwise)
+    ("boost_sd", pa.float64()),
+    ("description", pa.string()),  # a short summary of the above
+])
+FEATURE_LABELS_SCHEMA = pa.schema([
+    ("layer", pa.int64()), ("site", pa.string()), ("feature", pa.int64()),
+    ("channel", pa.string()), ("class", pa.string()),
+    ("kind", pa.string()),  # activation_share | logit_boost
+    ("value", pa.float64()),  # share of the activation, or boost in sd
+    ("n_tokens", pa.int64()),  # logit_boost: lexicon tokens of the class behind the mean
+])
 
-@dataclass
-class FeatureConfig:
+
+@dataclass(frozen=True)
+class FeatureConfig(Config):
     """How features are described."""
 
-    n_rows: int = 1024  # corpus rows scanned (of n_ctx tokens each)
-    n_contexts: int = 5  # top-activating contexts kept per feature
-    left: int = 8  # tokens shown before the active token
-    right: int = 2  # tokens shown after it
-    n_logit_tokens: int = 6  # boosted and suppressed tokens listed for mlp_out features
-    batch_rows: int = 32  # rows per model pass
+    n_rows: int = option(1024, "held-out rows scanned (of n_ctx tokens each)", low=1)
+    n_contexts: int = option(5, "top-activating contexts kept per feature (one per document)", low=1)
+    n_samples: int = option(6, "contexts at spread activation quantiles kept per feature", low=0)
+    left: int = option(10, "tokens shown before the active token", low=0)
+    right: int = option(3, "tokens shown after it", low=0)
+    n_logit_tokens: int = option(6, "boosted and suppressed tokens listed for mlp_out features", low=1)
+    min_token_count: int = option(10, "tokens seen fewer times in the LM's training are never listed as boosted", low=1)
+    min_lexicon_tokens: int = option(5, "a lexicon class needs this many whole-word tokens for a boost", low=1)
+    token_feature_share: float = option(0.5, "share of activation on one token that flags a token feature", low=0.0, high=1.0)
+    label_share: float = option(0.5, "share of activation on a label class that puts it in the description", low=0.0, high=1.0)
+    boost_sd: float = option(1.0, "|boost_sd| that puts 'predicts ... words' in the description", low=0.0)
+    batch_rows: int = option(32, "rows per model pass", low=1, runtime=True)
 
-    def to_json(self) -> dict:
-        return asdict(self)
+
+def logit_effects(model: HookedTransformer, directions: torch.Tensor) -> torch.Tensor:
+    """Direct effect of each direction `[n, d_model]` on the logits: `[n, d_vocab]`.
+
+    Through the final RMS norm's gain; its per-token scale is positive, so the ranking of
+    tokens is exact.
+    """
+    gain = getattr(model.ln_final, "w", None)
+    directions = directions.to(model.W_U.dtype)
+    return (directions if gain is None else directions * gain) @ model.W_U
+
+
+def listable_tokens(tok: Tokenizer, d_vocab: int, counts: np.ndarray | None, min_count: int) -> torch.Tensor:
+    """Bool `[d_vocab]`: tokens that may be listed as boosted: not special, seen in training."""
+    ok = torch.ones(d_vocab, dtype=torch.bool)
+    ok[[i for i in special_ids(tok) if i < d_vocab]] = False
+    ok[tok.get_vocab_size():] = False  # embedding rows beyond the tokenizer never occur
+    if counts is not None and len(counts):
+        seen = torch.zeros(d_vocab, dtype=torch.bool)
+        seen[: len(counts)] = torch.from_numpy(np.asarray(counts) >= min_count)
+        ok &= seen
+    return ok
+
+
+def boosted_token_ids(model, W_dec: torch.Tensor, tok: Tokenizer, untrained: np.ndarray, n: int = 6) -> dict[int, list[int]]:
+    """Per feature, the ids of its `n` most boosted listable tokens."""
+    ok = listable_tokens(tok, model.cfg.d_vocab, None, 1)
+    ok[torch.as_tensor(untrained, dtype=torch.long)] = False
+    effects = logit_effects(model, W_dec).masked_fill(~ok.to(W_dec.device), float("-inf"))
+    top = effects.topk(n, dim=-1).indices.cpu()
+    return {f: top[f].tolist() for f in range(top.shape[0])}
+
+
+class _Best:
+    """Per feature, the `m` entries with the highest score seen so far."""
+
+    def __init__(self, n_features: int, m: int):
+        self.m = m
+        self.score = torch.full((n_features, m), float("-inf"))
+        self.value = torch.zeros(n_features, m)
+        self.index = torch.full((n_features, m), -1, dtype=torch.long)
+
+    def add(self, feature: torch.Tensor, score: torch.Tensor, value: torch.Tensor, index: torch.Tensor) -> None:
+        n = self.score.shape[0]
+        order = torch.argsort(score, descending=True)
+        feature, score, value, index = feature[order], score[order], value[order], index[order]
+        order = torch.argsort(feature, stable=True)
+        feature, score, value, index = feature[order], score[order], value[order], index[order]
+        counts = torch.bincount(feature, minlength=n)
+        rank = torch.arange(len(feature)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        keep = rank < self.m
+        new_score = torch.full((n, self.m), float("-inf"))
+        new_value, new_index = torch.zeros(n, self.m), torch.full((n, self.m), -1, dtype=torch.long)
+        new_score[feature[keep], rank[keep]] = score[keep]
+        new_value[feature[keep], rank[keep]] = value[keep]
+        new_index[feature[keep], rank[keep]] = index[keep]
+        merged = torch.cat([self.score, new_score], 1)
+        best = merged.topk(self.m, dim=1).indices
+        self.score = merged.gather(1, best)
+        self.value = torch.cat([self.value, new_value], 1).gather(1, best)
+        self.index = torch.cat([self.index, new_index], 1).gather(1, best)
 
 
 class _Tracker:
-    """Running statistics of one SAE's features over token batches."""
+    """Running statistics of one SAE's features (see the module docstring)."""
 
-    def __init__(self, n_features: int, n_top: int, labelled: bool):
+    def __init__(self, n_features: int, d_vocab: int, cfg: FeatureConfig, classes: dict[str, list[str]], seed: int):
         self.count = torch.zeros(n_features, dtype=torch.float64)
         self.total = torch.zeros(n_features, dtype=torch.float64)
-        self.max = torch.zeros(n_features)
-        self.top_val = torch.full((n_top, n_features), -1.0)
-        self.top_idx = torch.zeros((n_top, n_features), dtype=torch.int64)
-        self.mass = {name: torch.zeros(n_features, dtype=torch.float64)
-                     for name in ("negation", "positive_context", "negative_context")} if labelled else {}
+        self.abs_total = torch.zeros(n_features, dtype=torch.float64)  # label shares divide by it
+        self.max = torch.full((n_features,), float("-inf"))
+        self.token_mass = torch.zeros(n_features * d_vocab)
+        self.d_vocab = d_vocab
+        self.top = _Best(n_features, 4 * cfg.n_contexts)  # spare slots: several may share a document
+        self.sample = _Best(n_features, max(8 * cfg.n_samples, 1))
+        self.classes = classes
+        self.mass = {c: torch.zeros(n_features, len(v), dtype=torch.float64) for c, v in classes.items()}
+        self.generator = torch.Generator().manual_seed(seed)
         self.n_tokens = 0
 
-    def update(self, acts: torch.Tensor, flat_idx: torch.Tensor, labels: dict[str, torch.Tensor]) -> None:
-        """acts: [n, n_features] for the tokens at flat corpus indices `flat_idx` [n]."""
+    def update(self, acts: torch.Tensor, flat: torch.Tensor, token_ids: torch.Tensor,
+               labels: dict[str, torch.Tensor]) -> None:
+        """acts `[t, n_features]` at corpus positions `flat [t]` with ids `token_ids [t]`."""
+        acts = acts.float().cpu()
         self.n_tokens += acts.shape[0]
-        self.count += (acts > 0).sum(0)
-        self.total += acts.sum(0, dtype=torch.float64)
-        self.max = torch.maximum(self.max, acts.max(0).values)
-        k = min(self.top_val.shape[0], acts.shape[0])
-        vals, pos = acts.topk(k, dim=0)
-        merged_val = torch.cat([self.top_val, vals])
-        merged_idx = torch.cat([self.top_idx, flat_idx[pos]])
-        best = merged_val.topk(self.top_val.shape[0], dim=0).indices
-        self.top_val = merged_val.gather(0, best)
-        self.top_idx = merged_idx.gather(0, best)
-        if self.mass:
-            a = acts.double()
-            self.mass["negation"] += (a * (labels["negation"] == 1).unsqueeze(1)).sum(0)
-            self.mass["positive_context"] += (a * (labels["context"] == 1).unsqueeze(1)).sum(0)
-            self.mass["negative_context"] += (a * (labels["context"] == -1).unsqueeze(1)).sum(0)
+        token, feature = acts.nonzero(as_tuple=True)
+        value = acts[token, feature]
+        self.count += torch.bincount(feature, minlength=len(self.count)).double()
+        self.total.index_add_(0, feature, value.double())
+        self.abs_total.index_add_(0, feature, value.abs().double())
+        self.max = torch.maximum(self.max, acts.masked_fill(acts == 0, float("-inf")).amax(0))
+        self.token_mass.index_add_(0, feature * self.d_vocab + token_ids[token], value.abs())
+        self.top.add(feature, value, value, flat[token])
+        keys = torch.rand(len(value), generator=self.generator)
+        self.sample.add(feature, keys, value, flat[token])
+        for channel, codes in labels.items():
+            onehot = torch.nn.functional.one_hot(codes.long(), len(self.classes[channel]) + 1)[:, 1:].double()
+            self.mass[channel] += acts.abs().double().T @ onehot
 
 
-def _context(tok: Tokenizer, tokens: torch.Tensor, flat: int, cfg: FeatureConfig) -> str:
-    """The window around corpus token `flat`, with the active token in brackets."""
-    row, pos = divmod(flat, tokens.shape[1])
-    ids = tokens[row]
-    left = [tok.id_to_token(int(t)) for t in ids[max(0, pos - cfg.left) : pos]]
-    right = [tok.id_to_token(int(t)) for t in ids[pos + 1 : pos + 1 + cfg.right]]
-    return " ".join(left + [f"[{tok.id_to_token(int(ids[pos]))}]"] + right)
+class _Windows:
+    """Text windows around corpus positions of held-out rows, within one document."""
 
+    def __init__(self, rows: TokenRows, tok: Tokenizer, cfg: FeatureConfig):
+        self.tokens = np.asarray(rows.tokens)
+        self.docs = rows.documents(slice(None))
+        self.n_ctx = self.tokens.shape[1]
+        self.pieces = [tok.id_to_token(i) or "?" for i in range(tok.get_vocab_size())]
+        self.specials = set(special_ids(tok))
+        self.cfg = cfg
 
-def logit_effects(model: HookedTransformer, sae: SAE) -> torch.Tensor:
-    """Direct effect of each decoder direction on the logits: [n_features, d_vocab].
+    def piece(self, index: int) -> str:
+        return self.pieces[index] if index < len(self.pieces) else f"<{index}>"
 
-    The final RMS norm's gain is applied; its per-token scale is positive and only
-    rescales the row, so the ranking of tokens is exact.
-    """
-    gain = getattr(model.ln_final, "w", None)
-    directions = sae.W_dec if gain is None else sae.W_dec * gain
-    return directions @ model.W_U
+    def document(self, flat: int) -> int:
+        return int(self.docs.reshape(-1)[flat])
 
+    def token(self, flat: int) -> str:
+        return display_token(self.piece(int(self.tokens.reshape(-1)[flat])))
 
-def describe(row: dict) -> str:
-    """A short label of a feature from its ground truth and boosted tokens."""
-    parts = []
-    if row.get("share_negation", 0) >= 0.5:
-        parts.append(f"negation {row['share_negation']:.0%}")
-    for side in ("positive", "negative"):
-        share = row.get(f"share_{side}_context", 0)
-        if share >= 0.7:
-            parts.append(f"{side} context {share:.0%}")
-    if row.get("top_tokens"):
-        parts.append("on " + ", ".join(row["top_tokens"][:3]))
-    boost = row.get("valence_boost", float("nan"))
-    if abs(boost) >= 1.0:
-        parts.append(f"predicts {'positive' if boost > 0 else 'negative'} words ({boost:+.1f} sd)")
-    if row.get("boosted_tokens"):
-        parts.append("boosts " + ", ".join(row["boosted_tokens"][:4]))
-    return "; ".join(parts)
+    def context(self, flat: int) -> str:
+        row, pos = divmod(flat, self.n_ctx)
+        doc = self.docs[row]
+        lo, hi = max(0, pos - self.cfg.left), min(self.n_ctx, pos + 1 + self.cfg.right)
+        parts = []
+        for p in range(lo, hi):
+            index = int(self.tokens[row, p])
+            if doc[p] != doc[pos] or index in self.specials:
+                continue
+            piece = self.piece(index)
+            if p == pos:
+                space = " " if piece.startswith(WORD_START) else ""
+                piece = f"{space}[{piece.removeprefix(WORD_START)}]"
+            parts.append(piece)
+        text = "".join(" " + p[1:] if p.startswith(WORD_START) else p for p in parts)
+        return text.strip()
 
 
 @torch.no_grad()
-def feature_table(
-    model: HookedTransformer,
-    tok: Tokenizer,
-    rows: TokenRows,
-    saes: dict[Point, SAE],
-    cfg: FeatureConfig,
-) -> pd.DataFrame:
-    """One row per (layer, site, feature), described from `cfg.n_rows` corpus rows."""
-    rows = rows.take(slice(0, cfg.n_rows))
-    tokens = rows.tokens
-    keep = keep_mask(tokens, bos_id=tok.token_to_id(BOS))
-    labelled = "negation" in rows.labels
-    trackers = {p: _Tracker(sae.cfg.d_sae, cfg.n_contexts, labelled) for p, sae in saes.items()}
-    flat_all = torch.arange(tokens.numel()).reshape(tokens.shape)
-    batches = iter_activations(model, tokens, list(saes), keep=keep, batch_seqs=cfg.batch_rows)
-    bar = tqdm(total=len(tokens), desc="features", unit="row")
-    # iter_activations skips batches with nothing kept; pair each yield with its own rows
-    starts = [s for s in range(0, len(tokens), cfg.batch_rows) if keep[s : s + cfg.batch_rows].any()]
-    for start, acts in zip(starts, batches, strict=True):
-        part = slice(start, start + cfg.batch_rows)
-        flat = flat_all[part][keep[part]]
-        labels = {k: v[part][keep[part]] for k, v in rows.labels.items()}
-        for point, x in acts.items():
-            trackers[point].update(saes[point].encode(x), flat, labels)
-        bar.update(min(cfg.batch_rows, len(tokens) - start))
+def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, saes: dict[Point, SAEWeights],
+                   cfg: FeatureConfig, classes: dict[str, list[str]], lexicon_tokens: dict[str, list[int]],
+                   token_counts: np.ndarray | None, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The `features` and `feature_labels` tables of every given SAE, from `cfg.n_rows` rows."""
+    rows = rows.head(cfg.n_rows)
+    d_vocab = model.cfg.d_vocab
+    trackers = {p: _Tracker(s.d_sae, d_vocab, cfg, classes, seed) for p, s in saes.items()}
+    bar = tqdm(total=len(rows), desc="features", unit="row")
+    n_ctx = rows.n_ctx
+    for part, tokens in rows.iter_batches(cfg.batch_rows):
+        keep = rows.keep(tokens)
+        flat = (torch.arange(part.start, part.stop)[:, None] * n_ctx + torch.arange(n_ctx))[keep]
+        ids = tokens[keep]
+        labels = {c: torch.from_numpy(np.array(v[part]))[keep] for c, v in rows.labels.items() if c in classes}
+        for acts in iter_activations(model, tokens, list(saes), keep, cfg.batch_rows):
+            for point, x in acts.items():
+                trackers[point].update(saes[point].encode(x.to(saes[point].W_enc.dtype)), flat, ids, labels)
+        bar.update(part.stop - part.start)
     bar.close()
 
-    pos_ids, neg_ids = word_ids(tok, POSITIVE), word_ids(tok, NEGATIVE)
-    records = []
-    for (layer, site), tr in trackers.items():
-        effects = logit_effects(model, saes[(layer, site)]) if site == "mlp_out" else None
-        for f in range(len(tr.count)):
-            n_active = int(tr.count[f])
-            fired = tr.top_val[:, f] > 0
-            top = tr.top_idx[:, f][fired].tolist()
-            row = {
-                "layer": layer, "site": site, "feature": f,
-                "frequency": n_active / max(1, tr.n_tokens),
-                "max_activation": float(tr.max[f]),
-                "mean_activation": float(tr.total[f] / n_active) if n_active else 0.0,
-                "top_contexts": [_context(tok, tokens, i, cfg) for i in top],
-                "top_tokens": [tok.id_to_token(int(tokens.view(-1)[i])) for i in top],
-                "boosted_tokens": [], "suppressed_tokens": [],
-            }
-            if effects is not None:
-                if pos_ids and neg_ids:
-                    e = effects[f]
-                    row["valence_boost"] = float((e[pos_ids].mean() - e[neg_ids].mean()) / e.std())
-                order = effects[f].argsort(descending=True)
-                row["boosted_tokens"] = [tok.id_to_token(int(i)) for i in order[: cfg.n_logit_tokens]]
-                row["suppressed_tokens"] = [tok.id_to_token(int(i)) for i in order[-cfg.n_logit_tokens:].flip(0)]
-            for name, mass in tr.mass.items():
-                row[f"share_{name}"] = float(mass[f] / tr.total[f]) if tr.total[f] > 0 else float("nan")
-            row["description"] = describe(row)
-            records.append(row)
-    return pd.DataFrame(records)
+    windows = _Windows(rows, tok, cfg)
+    listable = listable_tokens(tok, d_vocab, token_counts, cfg.min_token_count)
+    records, label_records = [], []
+    for (layer, site), tracker in trackers.items():
+        effects = logit_effects(model, saes[(layer, site)].W_dec).cpu() if site == "mlp_out" else None
+        boosts = _lexicon_boosts(effects, listable, lexicon_tokens, cfg) if effects is not None else {}
+        for f in range(len(tracker.count)):
+            row = _describe_feature(tracker, f, windows, effects, listable, boosts, cfg)
+            records.append({"layer": layer, "site": site, "feature": f, **row})
+            total = float(tracker.abs_total[f]) or float("nan")
+            for channel, mass in tracker.mass.items():
+                for i, name in enumerate(tracker.classes[channel]):
+                    label_records.append({"layer": layer, "site": site, "feature": f, "channel": channel,
+                                          "class": name, "kind": "activation_share",
+                                          "value": float(mass[f, i]) / total, "n_tokens": None})
+            for name, (values, n) in boosts.items():
+                label_records.append({"layer": layer, "site": site, "feature": f, "channel": LEXICON_CHANNEL,
+                                      "class": name, "kind": "logit_boost", "value": float(values[f]),
+                                      "n_tokens": n})
+    features = pd.DataFrame(records, columns=FEATURES_SCHEMA.names)
+    labels = pd.DataFrame(label_records, columns=FEATURE_LABELS_SCHEMA.names)
+    return features, labels
+
+
+def _lexicon_boosts(effects: torch.Tensor, listable: torch.Tensor, lexicon_tokens: dict[str, list[int]],
+                    cfg: FeatureConfig) -> dict[str, tuple[torch.Tensor, int]]:
+    """Per lexicon class with enough tokens: `([n_features] boost in sd, n_tokens)`, each
+    class's mean effect minus the mean of the other classes' means."""
+    valid = effects[:, listable]
+    sd = valid.std(-1).clamp_min(1e-12)
+    means = {}
+    for name, ids in lexicon_tokens.items():
+        ids = [i for i in ids if i < len(listable) and listable[i]]
+        if len(ids) >= cfg.min_lexicon_tokens:
+            means[name] = (effects[:, ids].mean(-1), len(ids))
+    if len(means) < 2:
+        return {}
+    out = {}
+    for name, (mean, n) in means.items():
+        others = torch.stack([m for other, (m, _) in means.items() if other != name]).mean(0)
+        out[name] = ((mean - others) / sd, n)
+    return out
+
+
+def _describe_feature(tracker: _Tracker, f: int, windows: _Windows, effects, listable, boosts, cfg) -> dict:
+    n_active = int(tracker.count[f])
+    row = {
+        "frequency": n_active / max(1, tracker.n_tokens),
+        "max_activation": float(tracker.max[f]) if n_active else 0.0,
+        "mean_activation": float(tracker.total[f] / n_active) if n_active else 0.0,
+    }
+    top, docs = [], []
+    for score, index in zip(tracker.top.score[f].tolist(), tracker.top.index[f].tolist()):
+        if index < 0 or score == float("-inf"):
+            continue
+        doc = windows.document(index)
+        if doc not in docs:
+            top.append(index)
+            docs.append(doc)
+        if len(top) == cfg.n_contexts:
+            break
+    row["top_contexts"] = [windows.context(i) for i in top]
+    row["top_documents"] = docs
+    row["top_tokens"] = [windows.token(i) for i in top]
+    samples = _spread_samples(tracker, f, cfg.n_samples)
+    row["sample_contexts"] = [windows.context(i) for i, _ in samples]
+    row["sample_quantiles"] = [q for _, q in samples]
+    mass = tracker.token_mass[f * tracker.d_vocab : (f + 1) * tracker.d_vocab]
+    total = float(mass.sum())
+    if total > 0:
+        best = int(mass.argmax())
+        row["top_token"] = display_token(windows.piece(best))
+        row["top_token_share"] = float(mass[best]) / total
+    else:
+        row["top_token"], row["top_token_share"] = None, float("nan")
+    row["is_token_feature"] = bool(total > 0 and row["top_token_share"] >= cfg.token_feature_share)
+    row["boosted_tokens"], row["suppressed_tokens"] = [], []
+    if effects is not None:
+        e = effects[f].masked_fill(~listable, float("nan"))
+        order = torch.argsort(torch.nan_to_num(e, nan=float("-inf")), descending=True)
+        row["boosted_tokens"] = [display_token(windows.piece(int(i))) for i in order[: cfg.n_logit_tokens]]
+        order = torch.argsort(torch.nan_to_num(e, nan=float("inf")))
+        row["suppressed_tokens"] = [display_token(windows.piece(int(i))) for i in order[: cfg.n_logit_tokens]]
+    row["label"], row["label_share"] = None, float("nan")
+    best_share = 0.0
+    denominator = float(tracker.abs_total[f])
+    for channel, mass_c in tracker.mass.items():
+        if denominator <= 0:
+            continue
+        for i, name in enumerate(tracker.classes[channel]):
+            share = float(mass_c[f, i]) / denominator
+            if share > best_share:
+                best_share = share
+                row["label"] = name if name == channel else f"{channel}={name}"
+                row["label_share"] = share
+    row["boost_label"], row["boost_sd"] = None, float("nan")
+    if boosts:
+        name = max(boosts, key=lambda c: float(boosts[c][0][f]))
+        row["boost_label"], row["boost_sd"] = name, float(boosts[name][0][f])
+    row["description"] = describe(row, cfg)
+    return row
+
+
+def _spread_samples(tracker: _Tracker, f: int, n: int) -> list[tuple[int, float]]:
+    """`n` sampled activations of f at evenly spread quantiles: (corpus position, quantile)."""
+    valid = tracker.sample.index[f] >= 0
+    values, index = tracker.sample.value[f][valid], tracker.sample.index[f][valid]
+    if n == 0 or len(values) == 0:
+        return []
+    order = torch.argsort(values)
+    values, index = values[order], index[order]
+    picks = sorted({int(round(q * (len(values) - 1))) for q in np.linspace(0.05, 0.95, n)})
+    return [(int(index[i]), (i + 0.5) / len(values)) for i in picks]
+
+
+def describe(row: dict, cfg: FeatureConfig) -> str:
+    """A short label of a feature from its statistics, labels and logit effects."""
+    parts = []
+    if row.get("is_token_feature"):
+        parts.append(f"token feature: {row['top_token']!r} ({row['top_token_share']:.0%})")
+    if row.get("label") and row.get("label_share", 0) >= cfg.label_share:
+        parts.append(f"{row['label']} {row['label_share']:.0%}")
+    tokens = list(dict.fromkeys(row.get("top_tokens") or []))
+    if tokens and not row.get("is_token_feature"):
+        parts.append("on " + ", ".join(tokens[:3]))
+    boost = row.get("boost_sd")
+    if boost is not None and boost == boost and abs(boost) >= cfg.boost_sd:
+        parts.append(f"predicts {row['boost_label']} words ({boost:+.1f} sd)")
+    if row.get("boosted_tokens"):
+        parts.append("boosts " + ", ".join(row["boosted_tokens"][:4]))
+    return "; ".join(parts)

@@ -1,51 +1,55 @@
-"""Does the LM predict the right valence after a negation? A behavioural check on ground truth.
+"""Does the LM predict the right class of lexicon word, plainly and after a negation?
 
-At every position whose next token is a sentiment word, compare the probability the model
-puts on positive words with that on negative words; the prediction is right when the larger
-side matches the next word's valence. Scored separately for negated positions (the next
-word's valence is opposite to the context's) and plain ones.
+At every position whose next token is a whole lexicon word (say, a sentiment word), the
+model's probability mass on each lexicon class's words is compared; the prediction is right
+when the largest mass is on the next word's class. When the corpus labels negations (a
+`negation` channel, as the built-in stories do), positions inside a negation are scored
+apart from the others: on the stories, the word after a negation has the opposite valence
+of its context, so getting it right needs the negation AND the context.
 """
 
 from __future__ import annotations
 
 import torch
-from tokenizers import Tokenizer
 from transformer_lens import HookedTransformer
 
-from pipelines.data import TokenRows
-from pipelines.stories import NEGATIVE, POSITIVE
+from pipelines.data.labels import LEXICON_CHANNEL
+from pipelines.data.tokens import TokenRows
 
-
-def word_ids(tok: Tokenizer, words: list[str]) -> list[int]:
-    """Ids of the words the tokenizer keeps whole (the demo tokenizer keeps them all)."""
-    ids = [tok.token_to_id(w) for w in words]
-    return [i for i in ids if i is not None]
+NEGATION_CHANNEL = "negation"
 
 
 @torch.no_grad()
-def valence_accuracy(model: HookedTransformer, rows: TokenRows, tok: Tokenizer,
-                     batch_size: int = 32) -> dict[str, float]:
-    """Accuracy of the predicted valence before sentiment words, plain and negated.
-
-    Needs the built-in corpus's labels; returns counts and accuracies.
-    """
-    if "sentiment" not in rows.labels:
-        raise ValueError("valence accuracy needs a corpus with ground truth (the built-in one)")
-    pos, neg = word_ids(tok, POSITIVE), word_ids(tok, NEGATIVE)
+def lexicon_accuracy(model: HookedTransformer, rows: TokenRows, lexicon_tokens: dict[str, list[int]],
+                     classes: list[str], n_rows: int = 256, batch_size: int = 32) -> dict[str, float]:
+    """Accuracy of the predicted lexicon class before lexicon words: `plain_accuracy`,
+    `negated_accuracy` (with a negation channel) and the counts. `classes` is the lexicon
+    channel's class order (its codes); `lexicon_tokens[c]` the whole-word token ids of c."""
+    if LEXICON_CHANNEL not in rows.labels or len(lexicon_tokens) < 2:
+        raise ValueError("lexicon accuracy needs a lexicon with at least two classes of whole-word tokens")
+    order = [c for c in classes if c in lexicon_tokens]
+    device = model.cfg.device
     hits = {"plain": [0, 0], "negated": [0, 0]}
-    for i in range(0, len(rows), batch_size):
-        part = rows.take(slice(i, i + batch_size))
-        probs = model(part.tokens).softmax(-1)[:, :-1]
-        margin = probs[..., pos].sum(-1) - probs[..., neg].sum(-1)
-        target = part.labels["sentiment"][:, 1:].to(torch.int64)
-        context = part.labels["context"][:, 1:].to(torch.int64)
-        where = target != 0
-        right = (margin.sign().to(torch.int64) == target) & where
-        negated = where & (target == -context)
+    for part, tokens in rows.iter_batches(batch_size, n_rows):
+        probs = model(tokens.to(device)).softmax(-1)[:, :-1]
+        mass = torch.stack([probs[..., lexicon_tokens[c]].sum(-1) for c in order], -1)
+        predicted = mass.argmax(-1).cpu()  # index into `order`
+        codes = torch.from_numpy(rows.labels[LEXICON_CHANNEL][part][:, 1:].astype("int64"))
+        target = torch.full_like(codes, -1)
+        for i, c in enumerate(order):
+            target[codes == classes.index(c) + 1] = i
+        nxt = tokens[:, 1:]
+        whole = torch.zeros_like(nxt, dtype=torch.bool)
+        for c in order:
+            whole |= torch.isin(nxt, torch.tensor(lexicon_tokens[c]))
+        where = (target >= 0) & whole
+        negated = torch.zeros_like(where)
+        if NEGATION_CHANNEL in rows.labels:
+            negated = torch.from_numpy(rows.labels[NEGATION_CHANNEL][part][:, :-1] != 0) & where
+        right = (predicted == target) & where
         for kind, mask in (("plain", where & ~negated), ("negated", negated)):
             hits[kind][0] += int((right & mask).sum())
             hits[kind][1] += int(mask.sum())
-    return {
-        **{f"{k}_accuracy": (h / n if n else float("nan")) for k, (h, n) in hits.items()},
-        **{f"{k}_count": n for k, (_, n) in hits.items()},
-    }
+    out = {f"{k}_count": n for k, (_, n) in hits.items()}
+    out.update({f"{k}_accuracy": h / n for k, (h, n) in hits.items() if n})
+    return out

@@ -1,6 +1,6 @@
 """Convert a published bilinear LM checkpoint (the paper authors' format) into ours.
 
-Their format (DESIGN.md section 3): an HF-style `config.json` with `n_layer, n_head,
+Their format: an HF-style `config.json` with `n_layer, n_head,
 d_model, d_hidden, n_ctx, bias, normalization, tokenizer` and weights in `model.safetensors`
 or `pytorch_model.bin`, named
 
@@ -11,10 +11,14 @@ or `pytorch_model.bin`, named
     transformer.h.{i}.mlp.p.weight    [d, d_hidden]
     lm_head.weight                    [vocab, d]            untied, no bias
 
-Norms carry no weights (`x / sqrt(mean(x^2) + 1e-8)`), rotary covers the whole head with
-base 10000 in the rotate-half convention, and each attention output is multiplied by
-`1 / sqrt(2 n_layer)` before it joins the residual stream. The converter folds that scale
-into `W_O`, so the result is a plain TransformerLens model that `load_model` reads.
+Norms carry no weights in the official code (`x / sqrt(mean(x^2) + 1e-8)`; gains `n1`, `n2`,
+`n_f` of older checkpoints are taken when present), rotary covers the whole head with base
+10000 in the rotate-half convention, and the official code multiplies each attention output
+by `1 / sqrt(2 n_layer)` before it joins the residual stream. Their research code before
+October 2024 did not: its configs say `scale_attn: false`, or nothing. A config without the
+field is therefore ambiguous and refused unless the caller says which (`scale_attn`). The
+converter folds the scale into `W_O`, so the result is a plain TransformerLens model that
+`load_model` reads. Half-precision (bf16, fp16) checkpoints are converted to float32.
 """
 
 from __future__ import annotations
@@ -27,13 +31,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from pipelines.model import (
-    CONFIG_FILE,
-    TOKENIZER_FILE,
-    ModelConfig,
-    build_model,
-    save_model,
-)
+from pipelines.engine.files import atomic_dir
+from pipelines.lm.model import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, ModelConfig, build_model, save_model
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -49,14 +48,17 @@ VOCAB_FIELDS = ("vocab_size", "d_vocab", "n_vocab")
 
 
 def convert_checkpoint(
-    src_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None
+    src_dir: str | Path, out_dir: str | Path, tokenizer: str | Path | None = None, force: bool = False,
+    scale_attn: str = "config",
 ) -> ModelConfig:
     """Convert the published checkpoint in `src_dir` into our format in `out_dir`.
 
     `tokenizer` is the path to a `tokenizers` `tokenizer.json` (or a directory holding
-    one), used only when `src_dir` has no `tokenizer.json` of its own. Everything is read
-    and checked before anything is written, so a refused checkpoint leaves no output.
-    Returns the config of the converted model.
+    one), used only when `src_dir` has no `tokenizer.json` of its own. `scale_attn` is
+    "config" (the checkpoint's `scale_attn` field decides), "on" or "off". Everything is
+    read and checked before anything is written, so a refused checkpoint leaves no output;
+    a folder that already holds a model is replaced only with `force`. Returns the config
+    of the converted model.
     """
     src_dir, out_dir = Path(src_dir), Path(out_dir)
     if not src_dir.is_dir():
@@ -64,10 +66,14 @@ def convert_checkpoint(
     if out_dir.exists() and out_dir.resolve() == src_dir.resolve():
         raise ValueError("out_dir must differ from src_dir: converting in place would "
                          f"overwrite the published {CONFIG_FILE}")
+    if (out_dir / WEIGHTS_FILE).exists() and not force:
+        raise ValueError(f"{out_dir} already holds a model; pass --force to replace it (stages that used it, "
+                         "such as SAEs trained on it, would then no longer match it)")
     published = read_published_config(src_dir)
+    scaled = attention_scaled(published, scale_attn)
     state = read_published_weights(src_dir)
     tokenizer_file = find_tokenizer(src_dir, tokenizer, published)
-    cfg, params = map_weights(published, state)
+    cfg, params = map_weights(published, state, scaled)
     check_tokenizer_fits(tokenizer_file, cfg.d_vocab)
 
     model = build_model(cfg)
@@ -75,9 +81,23 @@ def convert_checkpoint(
     if mismatch:  # a mapping bug, not a user error: every parameter must be set explicitly
         raise RuntimeError(f"converter does not match the model's parameters: {sorted(mismatch)}")
     model.load_state_dict(params, strict=False)  # buffers (rotary, mask) keep their values
-    save_model(model, cfg, out_dir)
-    shutil.copyfile(tokenizer_file, out_dir / TOKENIZER_FILE)
+    with atomic_dir(out_dir) as tmp:
+        save_model(model, cfg, tmp)
+        shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     return cfg
+
+
+def attention_scaled(config: dict, choice: str) -> bool:
+    """Whether the checkpoint's attention output is scaled by 1/sqrt(2 n_layer)."""
+    if choice in ("on", "off"):
+        return choice == "on"
+    if "scale_attn" not in config:
+        raise ValueError(
+            "the checkpoint's config has no scale_attn field, and that is ambiguous: the official code "
+            "scales each attention output by 1/sqrt(2 n_layer), the research code before October 2024 did not. "
+            "Converting with the wrong choice gives a model whose logits are off; say which with "
+            "--attention-scale on (official) or off (early research checkpoints)")
+    return config["scale_attn"]
 
 
 # --------------------------------------------------------------------------- reading
@@ -97,8 +117,27 @@ def read_published_config(src_dir: Path) -> dict:
     if absent:
         raise ValueError(f"{path} is not a published bilinear config: missing {absent} "
                          f"(found {sorted(config)})")
+    check_types(config, path)
     refuse_unsupported(config)
     return config
+
+
+CONFIG_TYPES = {"n_layer": int, "n_head": int, "d_model": int, "d_hidden": int, "n_ctx": int, "bias": bool,
+                "normalization": (bool, str), "bilinear": bool, "scale_attn": bool, "norm_bias": bool,
+                "attention2": bool}
+
+
+def check_types(config: dict, path: Path) -> None:
+    """Refuse config values of the wrong type: a string "false" is not a boolean."""
+    for key, kind in CONFIG_TYPES.items():
+        if key not in config:
+            continue
+        value = config[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        ok = any(isinstance(value, k) and not (k is int and isinstance(value, bool)) for k in kinds)
+        if not ok:
+            wanted = " or ".join("a boolean" if k is bool else "an integer" if k is int else "a string" for k in kinds)
+            raise ValueError(f"{path}: config field {key} must be {wanted}, got {value!r}")
 
 
 def refuse_unsupported(config: dict) -> None:
@@ -109,9 +148,15 @@ def refuse_unsupported(config: dict) -> None:
             "each factor, (W x + b1) * (V x + b2), and TransformerLens's gated MLP only adds "
             "a bias after the product, so the converted model would compute something else"
         )
-    if not config.get("normalization", True):
+    if config.get("normalization", True) in (False, "none"):
         raise ValueError("cannot convert a checkpoint with normalization=False: our model "
                          "always applies RMS norm")
+    if config.get("normalization", True) not in (True, "rms"):
+        raise ValueError(f"cannot convert normalization={config['normalization']!r}: only RMS norm is supported")
+    if config.get("norm_bias"):
+        raise ValueError("cannot convert a checkpoint with norm_bias=True: our RMS norms have no bias")
+    if config.get("attention2"):
+        raise ValueError("cannot convert a checkpoint with attention2=True: a second attention variant")
     if not config.get("bilinear", True) or config.get("gate") is not None:
         raise ValueError(
             f"cannot convert a non-bilinear MLP (bilinear={config.get('bilinear')}, "
@@ -200,6 +245,12 @@ class KeyFinder:
         self.used.add(key)
         return tensor.to(torch.float64)  # fold scales in float64, cast once at the end
 
+    def optional(self, suffix: str, shape: tuple[int, ...], default: torch.Tensor) -> torch.Tensor:
+        """The tensor ending in `suffix` if the checkpoint has one (older norms have gains), else `default`."""
+        if any(k == suffix or k.endswith("." + suffix) for k in self.state):
+            return self.get(suffix, shape)
+        return default.to(torch.float64)
+
     def check_all_used(self, d_head: int) -> None:
         """Refuse leftover tensors (they would be silently lost), except rotary buffers."""
         leftover = sorted(set(self.state) - self.used)
@@ -218,17 +269,19 @@ def describe_keys(state: dict[str, torch.Tensor], limit: int = 40) -> str:
 
 
 def check_rotary_buffer(key: str, inv_freq: torch.Tensor, d_head: int) -> None:
-    """A stored `inv_freq` must be base 10000 over the full head, which our model assumes."""
+    """A stored `inv_freq` must be base 10000 over the full head, which our model assumes,
+    up to the rounding of the dtype it is stored in (bf16 keeps 8 bits of mantissa)."""
     expected = 1.0 / ROTARY_BASE ** (torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+    rtol = max(1e-4, 2 * torch.finfo(inv_freq.dtype).eps) if inv_freq.is_floating_point() else 1e-4
     if inv_freq.shape != expected.shape or not torch.allclose(
-        inv_freq.double(), expected, rtol=1e-4
+        inv_freq.double(), expected, rtol=rtol
     ):
         raise ValueError(f"{key} is not rotary base {ROTARY_BASE} over the full head "
                          f"dimension {d_head}; the converted model would misplace positions")
 
 
 def map_weights(
-    config: dict, state: dict[str, torch.Tensor]
+    config: dict, state: dict[str, torch.Tensor], scale_attn: bool = True
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """Our config and every HookedTransformer parameter (float32) from the published ones."""
     n_layers, n_heads, d_model = config["n_layer"], config["n_head"], config["d_model"]
@@ -245,9 +298,9 @@ def map_weights(
         # nn.Linear computes x @ weight.T, TransformerLens x @ W_U.
         "unembed.W_U": keys.get("lm_head.weight", (d_vocab, d_model)).T,
         "unembed.b_U": torch.zeros(d_vocab),
-        "ln_final.w": torch.ones(d_model),  # their norms have no gain
+        "ln_final.w": keys.optional("n_f.weight", (d_model,), torch.ones(d_model)),
     }
-    attn_scale = 1.0 / math.sqrt(2 * n_layers)
+    attn_scale = 1.0 / math.sqrt(2 * n_layers) if scale_attn else 1.0
     for layer in range(n_layers):
         prefix = f"h.{layer}."
         params.update(attention_params(keys, prefix, layer, cfg, attn_scale))
@@ -285,7 +338,7 @@ def attention_params(
     w_o = keys.get(prefix + "attn.o.weight", (d, d)).T.reshape(h, dh, d) * scale
     out = f"blocks.{layer}."
     return {
-        out + "ln1.w": torch.ones(d),
+        out + "ln1.w": keys.optional(prefix + "n1.weight", (d,), torch.ones(d)),
         out + "attn.W_Q": w_q, out + "attn.W_K": w_k, out + "attn.W_V": w_v,
         out + "attn.W_O": w_o,
         out + "attn.b_Q": torch.zeros(h, dh), out + "attn.b_K": torch.zeros(h, dh),
@@ -307,7 +360,7 @@ def mlp_params(
     p = keys.get(prefix + "mlp.p.weight", (d, m))
     out = f"blocks.{layer}."
     return {
-        out + "ln2.w": torch.ones(d),
+        out + "ln2.w": keys.optional(prefix + "n2.weight", (d,), torch.ones(d)),
         out + "mlp.W_gate": w.T, out + "mlp.W_in": v.T, out + "mlp.W_out": p.T,
         out + "mlp.b_in": torch.zeros(m), out + "mlp.b_out": torch.zeros(d),
     }

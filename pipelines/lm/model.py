@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
+from circuits.config import Config, option
+from circuits.weights import check_finite
+from pipelines.data.tokenizer import TOKENIZER_FILE
+from pipelines.engine.files import digest, text_digest, write_json
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
@@ -27,49 +32,40 @@ SUPPORTED_ACTIVATIONS["identity"] = identity
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-TOKENIZER_FILE = "tokenizer.json"
 
 
-@dataclass
-class ModelConfig:
+@dataclass(frozen=True)
+class ModelConfig(Config):
     """Shape of a bilinear LM; everything else (RMS norm, rotary, gated MLP) is fixed."""
 
-    n_layers: int = 4  # transformer blocks
-    d_model: int = 128  # residual stream width
-    n_heads: int = 4  # attention heads per block
-    d_mlp: int = 512  # hidden width of each bilinear MLP
-    n_ctx: int = 128  # longest context the model is built for
-    d_vocab: int = 2048  # vocabulary size, taken from the tokenizer when training
-    eps: float = 1e-5  # added to mean(x^2) inside every RMS norm
-    seed: int = 0  # seed of the weight initialisation
+    n_layers: int = option(4, "transformer blocks", low=1)
+    d_model: int = option(128, "residual stream width", low=2)
+    n_heads: int = option(4, "attention heads per block", low=1)
+    d_mlp: int = option(512, "hidden width of each bilinear MLP", low=1)
+    n_ctx: int = option(128, "longest context the model is built for", low=2)
+    d_vocab: int = option(4096, "vocabulary size, taken from the tokenizer when training", low=2)
+    eps: float = option(1e-5, "added to mean(x^2) inside every RMS norm", low=0.0)
+    seed: int = option(0, "seed of the weight initialisation")
 
     @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown model config fields: {sorted(unknown)}")
-        return cls(**data)
+    def check(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
 
 
 PRESETS: dict[str, ModelConfig] = {
-    "tiny": ModelConfig(n_layers=2, d_model=32, n_heads=2, d_mlp=64, n_ctx=64, d_vocab=512),
-    "demo": ModelConfig(n_layers=4, d_model=128, n_heads=4, d_mlp=512, n_ctx=128, d_vocab=1024),
-    "large": ModelConfig(n_layers=6, d_model=512, n_heads=8, d_mlp=2048, n_ctx=256, d_vocab=4096),
+    "tiny": ModelConfig(n_layers=2, d_model=32, n_heads=2, d_mlp=64, n_ctx=64),
+    "demo": ModelConfig(n_layers=4, d_model=128, n_heads=4, d_mlp=512, n_ctx=128),
+    # the paper's TinyStories model (ts-medium): 6 layers, d_model 512, d_mlp 2048, 8 heads
+    "paper": ModelConfig(n_layers=6, d_model=512, n_heads=8, d_mlp=2048, n_ctx=256),
 }
 
 
 def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
     """The TransformerLens config of a bilinear LM of shape `cfg`."""
-    if cfg.d_model % cfg.n_heads:
-        raise ValueError(f"d_model {cfg.d_model} is not divisible by n_heads {cfg.n_heads}")
     return HookedTransformerConfig(
         n_layers=cfg.n_layers,
         d_model=cfg.d_model,
@@ -91,30 +87,30 @@ def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
     )
 
 
-def build_model(cfg: ModelConfig) -> HookedTransformer:
-    """A freshly initialised bilinear LM."""
+def build_model(cfg: ModelConfig, device: str = "cpu") -> HookedTransformer:
+    """A freshly initialised bilinear LM on `device`."""
     # HookedTransformer warns that it goes away in TransformerLens 4; we pin 3.9 because
     # sae-lens 6.54 needs it, so the warning says nothing the user can act on.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="HookedTransformer is deprecated")
-        return HookedTransformer(hooked_config(cfg), move_to_device=False)
+        model = HookedTransformer(hooked_config(cfg), move_to_device=False)
+    return model.to(device, print_details=False) if device != "cpu" else model
 
 
 def save_model(model: HookedTransformer, cfg: ModelConfig, directory: str | Path) -> None:
-    """Write `config.json` and `model.safetensors` (the tokenizer is saved by its owner).
-
-    Weights go to a temporary name first so that an interrupted save never leaves a
-    half-written checkpoint under the real name.
-    """
+    """Write `config.json` and `model.safetensors` into `directory` (the tokenizer is saved
+    by its owner); callers make the folder appear atomically."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    tmp = directory / (WEIGHTS_FILE + ".tmp")
-    save_file(state, str(tmp))
-    tmp.replace(directory / WEIGHTS_FILE)
-    tmp = directory / (CONFIG_FILE + ".tmp")
-    tmp.write_text(json.dumps(cfg.to_json(), indent=2))
-    tmp.replace(directory / CONFIG_FILE)
+    save_file(state, str(directory / WEIGHTS_FILE))
+    write_json(directory / CONFIG_FILE, cfg.to_json())
+
+
+def model_digest(directory: str | Path) -> str:
+    """Content digest of a model: its config and weights (not where they lie)."""
+    directory = Path(directory)
+    return text_digest(digest(directory / CONFIG_FILE), digest(directory / WEIGHTS_FILE))
 
 
 def load_config(directory: str | Path) -> ModelConfig:
@@ -138,6 +134,8 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[HookedTransf
         state = load_file(str(weights), device=device)
     except Exception as err:  # safetensors raises several types for a damaged file
         raise ValueError(f"corrupt model weights {weights}: {err}") from err
+    # IGNORE is TransformerLens's constant -inf attention fill, not a weight
+    check_finite({k: v for k, v in state.items() if not k.endswith(("IGNORE", ".mask"))}, f"model {directory}")
     model = build_model(cfg)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)

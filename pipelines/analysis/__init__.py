@@ -1,0 +1,1 @@
+"""What the tables mean: output directions, feature descriptions, gate checks and verdicts."""

@@ -1,0 +1,8 @@
+"""The one-page HTML report of a run.
+
+- `inputs`: the run's tables for the chosen layers, and the few numbers the tables do not
+  hold (approximation-versus-activation points, interaction submatrices), computed with
+  `circuits`;
+- `figures`: matplotlib figures drawn from plain arrays;
+- `page`: `write_report`, which renders `templates/report.html` (jinja2, autoescaped).
+"""

@@ -1,0 +1,81 @@
+"""The report's figures, each drawn from plain arrays (no model, no tables, no math)."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+
+def _text(label: str) -> str:
+    """Text for matplotlib labels: a literal `$` would otherwise start mathtext."""
+    return label.replace("$", r"\$")
+
+
+def correlation_by_rank(curves: dict[int, tuple[np.ndarray, np.ndarray]]) -> Figure:
+    """Mean active-only correlation against the rank r, one line per layer."""
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.add_subplot()
+    for layer, (ranks, means) in sorted(curves.items()):
+        ax.plot(ranks, means, marker="o", label=f"layer {layer}")
+    ax.set_xlabel("eigenvectors r")
+    ax.set_ylabel("mean active-only correlation")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def histograms(values: dict[int, np.ndarray], nan_counts: dict[int, int], rank: int) -> Figure:
+    """Histogram of correlations per layer, panels side by side."""
+    layers = sorted(values)
+    fig = Figure(figsize=(3.2 * len(layers), 3), layout="constrained")
+    axes = fig.subplots(1, len(layers), squeeze=False, sharey=True)[0]
+    for ax, layer in zip(axes, layers):
+        ax.hist(values[layer], bins=np.linspace(-1, 1, 41), color="tab:blue")
+        ax.set_title(f"layer {layer} (NaN: {nan_counts.get(layer, 0)})", fontsize=10)
+        ax.set_xlabel(f"rank-{rank} correlation")
+    axes[0].set_ylabel("output features")
+    return fig
+
+
+def heatmap(matrix: np.ndarray, row_labels: list[str], column_labels: list[str], title: str) -> Figure:
+    """A symmetric matrix in a diverging colour map, each cell annotated."""
+    n = len(row_labels)
+    width = max(len(label) for label in row_labels) if row_labels else 10
+    fig = Figure(figsize=(4.5 + 0.08 * width, 1.2 + 0.5 * n), layout="constrained")
+    ax = fig.add_subplot()
+    scale = float(np.abs(matrix).max()) or 1.0
+    image = ax.imshow(matrix, cmap="RdBu_r", vmin=-scale, vmax=scale)
+    ax.set_yticks(range(n), [_text(label) for label in row_labels], fontsize=8)
+    ax.set_xticks(range(n), [_text(label) for label in column_labels], fontsize=8, rotation=45)
+    for (r, c), value in np.ndenumerate(matrix):
+        ax.text(c, r, f"{value:.2g}", ha="center", va="center", fontsize=6,
+                color="white" if abs(value) > 0.6 * scale else "black")
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    ax.set_title(_text(title), fontsize=10)
+    return fig
+
+
+def spectrum(ranks: np.ndarray, eigenvalues: np.ndarray, title: str) -> Figure:
+    """Eigenvalues by rank, positive red and negative blue."""
+    fig = Figure(figsize=(4.5, 3.2), layout="constrained")
+    ax = fig.add_subplot()
+    ax.bar(ranks, eigenvalues, color=np.where(eigenvalues >= 0, "tab:red", "tab:blue"))
+    ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_xlabel("rank (by |eigenvalue|)")
+    ax.set_ylabel("eigenvalue")
+    ax.set_title(_text(title), fontsize=10)
+    return fig
+
+
+def scatter(panels: list[tuple[str, np.ndarray, np.ndarray, float]], title: str, max_points: int = 3000) -> Figure:
+    """Approximation against activation, one panel per (name, x, y, correlation)."""
+    fig = Figure(figsize=(3.4 * len(panels), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    shown = np.random.default_rng(0).permutation(len(panels[0][2]))[:max_points]
+    for ax, (name, x, y, corr) in zip(axes, panels):
+        ax.scatter(x[shown], y[shown], s=4, alpha=0.4, linewidths=0)
+        ax.set_title(f"{name}: corr {corr:.3f}", fontsize=10)
+        ax.set_xlabel(f"{name} approximation")
+    axes[0].set_ylabel("SAE activation")
+    fig.suptitle(_text(title), fontsize=10)
+    return fig
