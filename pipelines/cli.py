@@ -250,8 +250,8 @@ def cmd_report(args: argparse.Namespace) -> None:
 
     cfg = config_from(args, ReportConfig)
     ctx = _Context(args)
-    path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, _sae_paths(args, ctx.layers), args.input_site,
-                        corpus=ctx.corpus)
+    path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, ctx.tokens(), _sae_paths(args, ctx.layers),
+                        args.input_site)
     print(f"report: {path}")
 
 

@@ -16,31 +16,6 @@ from transformer_lens import HookedTransformer
 from sae.sites import Point, check_points, hook_name
 
 
-def keep_mask(
-    tokens: torch.Tensor,
-    bos_id: int | None = None,
-    pad_id: int | None = None,
-    mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Positions to keep, BoolTensor `[n_seq, n_ctx]`: not BOS, not padding, and in `mask`.
-
-    BOS positions are dropped because their activations are outliers (an attention sink)
-    that would dominate an SAE's reconstruction loss. Padding is assumed to sit on the
-    right of a row, so that in a causal model no kept position ever attends to it.
-    """
-    check_tokens(tokens)
-    keep = torch.ones_like(tokens, dtype=torch.bool)
-    if bos_id is not None:
-        keep &= tokens != bos_id
-    if pad_id is not None:
-        keep &= tokens != pad_id
-    if mask is not None:
-        if mask.shape != tokens.shape:
-            raise ValueError(f"mask has shape {tuple(mask.shape)} but tokens have {tuple(tokens.shape)}")
-        keep &= mask.to(device=tokens.device, dtype=torch.bool)
-    return keep
-
-
 def check_tokens(tokens: torch.Tensor, model: HookedTransformer | None = None) -> None:
     """Raise ValueError unless `tokens` is a LongTensor `[n_seq, n_ctx]` the model accepts."""
     if tokens.ndim != 2 or tokens.dtype != torch.long:

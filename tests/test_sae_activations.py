@@ -1,15 +1,15 @@
-"""Hook-based activation caching: values, masking, the MLP input, and disk shards."""
+"""Hooked activations (values, masking, the MLP input) and the shuffled activation stream."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
+import itertools
 
-from pipelines.model import PRESETS, build_model
-from sae.activations import iter_activations, keep_mask
-from sae.cache import ActivationCache, write_cache
+from pipelines.lm.model import PRESETS, build_model
+from sae.activations import iter_activations
 from sae.sites import SITES, hook_name
+from sae.stream import ActivationStream, StreamPosition
 
 BOS, PAD = 0, 1
 
@@ -52,7 +52,7 @@ def test_collected_activations_equal_run_with_cache(model, tokens):
 
 
 def test_bos_and_padding_are_skipped(model, tokens):
-    keep = keep_mask(tokens, bos_id=BOS, pad_id=PAD)
+    keep = (tokens != BOS) & (tokens != PAD)
     assert keep.sum() == (tokens > PAD).sum()
     got = cat_batches(model, tokens, [(1, "resid_mid")], keep, batch_seqs=4)[(1, "resid_mid")]
     _, cache = model.run_with_cache(tokens)
@@ -63,7 +63,7 @@ def test_bos_and_padding_are_skipped(model, tokens):
 def test_extra_mask_is_applied(model, tokens):
     mask = torch.zeros_like(tokens, dtype=torch.bool)
     mask[:, 5:9] = True
-    keep = keep_mask(tokens, bos_id=BOS, pad_id=PAD, mask=mask)
+    keep = mask & (tokens != BOS) & (tokens != PAD)
     got = cat_batches(model, tokens, [(0, "mlp_out")], keep, batch_seqs=3)[(0, "mlp_out")]
     _, cache = model.run_with_cache(tokens)
     torch.testing.assert_close(got, cache["blocks.0.hook_mlp_out"][keep], rtol=1e-5, atol=1e-5)
@@ -100,32 +100,57 @@ def test_unknown_site_or_layer_is_refused(model, tokens):
         list(iter_activations(model, tokens, [(2, "mlp_out")]))
 
 
-def test_disk_cache_holds_exactly_the_kept_rows_shuffled(model, tokens, tmp_path):
-    keep = keep_mask(tokens, bos_id=BOS, pad_id=PAD)
+class _Rows:
+    """A minimal row source for the stream (what `TokenRows` offers)."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def batch(self, rows):
+        return self.tokens[torch.as_tensor(rows) if not isinstance(rows, slice) else rows]
+
+    def keep(self, tokens):
+        return (tokens != BOS) & (tokens != PAD)
+
+
+def test_stream_serves_every_kept_token_once_per_fill_shuffled_alike(model, tokens):
+    rows = _Rows(tokens)
     points = [(0, "resid_mid"), (1, "mlp_out")]
-    n_tokens = int(keep.sum()) - 7  # the last kept rows are left out
-    cache = write_cache(model, tokens, keep, points, tmp_path / "acts", n_tokens, shard_tokens=100, batch_seqs=3)
-    assert sum(cache.shard_rows) == n_tokens and max(cache.shard_rows) <= 100
-    assert ActivationCache.open(tmp_path / "acts") == cache
-    direct = cat_batches(model, tokens, points, keep, batch_seqs=12)
+    stream = ActivationStream(model, rows, points, buffer_tokens=64 * 12, batch_size=50, seed=3, model_batch_rows=5)
+    n_kept = int(rows.keep(tokens).sum())
+    batches = list(itertools.islice(iter(stream), n_kept // 50))
+    assert all(b[p].shape == (50, 32) for b in batches for p in points)
+    direct = cat_batches(model, tokens, points, rows.keep(tokens), batch_seqs=12)
     for point in points:
-        batches = list(cache.batches(point, batch_size=50, buffer_tokens=120, seed=3))
-        assert len(batches) == n_tokens // 50 and all(b.shape == (50, 32) for b in batches)
-        # every cached row, read back straight from the shards, is one of the first n_tokens rows
-        stored = torch.cat([load_file(cache.shard_path(point, i))["acts"] for i in range(len(cache.shard_rows))])
-        expected = direct[point][:n_tokens]
-        key = lambda rows: rows[rows[:, 0].argsort()]  # noqa: E731
-        torch.testing.assert_close(key(stored), key(expected))
-        assert not torch.equal(stored, expected)  # the shards are shuffled
-        served = torch.cat(batches)
-        assert torch.isin(served[:, 0], expected[:, 0]).all()
-        assert served[:, 0].unique().numel() == served.shape[0]  # no row served twice
-    cache.drop(points[0])
-    assert ActivationCache.open(tmp_path / "acts").points == (points[1],)
+        served = torch.cat([b[point] for b in batches])
+        # one fill holds every row: each served row is a distinct kept token's activation
+        match = torch.cdist(served, direct[point]).argmin(1)
+        torch.testing.assert_close(served, direct[point][match], rtol=1e-5, atol=1e-5)
+        assert match.unique().numel() == served.shape[0]
+        assert not torch.equal(match, match.sort().values)  # shuffled
+    # the same permutation at every point: token i of a batch is the same token everywhere
+    m0 = torch.cdist(torch.cat([b[points[0]] for b in batches]), direct[points[0]]).argmin(1)
+    m1 = torch.cdist(torch.cat([b[points[1]] for b in batches]), direct[points[1]]).argmin(1)
+    assert torch.equal(m0, m1)
 
 
-def test_cache_refuses_a_corpus_too_small(model, tokens, tmp_path):
-    keep = keep_mask(tokens, bos_id=BOS, pad_id=PAD)
-    with pytest.raises(ValueError, match="corpus too small"):
-        write_cache(model, tokens, keep, [(0, "mlp_out")], tmp_path / "acts", int(keep.sum()) + 1)
-    assert not (tmp_path / "acts").exists()
+def test_stream_resumed_from_its_position_continues_identically(model, tokens):
+    rows = _Rows(tokens)
+    points = [(1, "resid_mid")]
+    whole = ActivationStream(model, rows, points, buffer_tokens=64 * 3, batch_size=40, seed=5, model_batch_rows=4)
+    batches = list(itertools.islice(iter(whole), 12))
+    first = ActivationStream(model, rows, points, buffer_tokens=64 * 3, batch_size=40, seed=5, model_batch_rows=4)
+    head = list(itertools.islice(iter(first), 7))
+    resumed = ActivationStream(model, rows, points, buffer_tokens=64 * 3, batch_size=40, seed=5, model_batch_rows=4)
+    resumed.position = StreamPosition(**first.position.to_json())
+    tail = list(itertools.islice(iter(resumed), 5))
+    for got, expected in zip(head + tail, batches):
+        assert torch.equal(got[points[0]], expected[points[0]])
+
+
+def test_stream_refuses_a_buffer_smaller_than_a_batch(model, tokens):
+    with pytest.raises(ValueError, match="less than one batch"):
+        ActivationStream(model, _Rows(tokens), [(0, "mlp_out")], buffer_tokens=64, batch_size=500, seed=0)

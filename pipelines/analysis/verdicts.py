@@ -3,7 +3,8 @@
 A candidate (output f, inputs a and b) *behaves as an AND gate* when
 - its truth table says f needs both inputs: `and_data >= AND_DATA` (f's mean activation
   where both are active exceeds its mean in every other cell by that share of itself),
-  with at least `MIN_CELL` tokens where both are active; and
+  with at least `MIN_CELL` tokens where both are active and as many where each is active
+  without the other (inputs that always fire together cannot show an AND); and
 - ablating either input alone removes at least `DROP_ONE` of f's activation on the tokens
   where both are active (taking out one input of an AND silences it; of an OR, it does not).
 
@@ -44,7 +45,8 @@ def gate_verdicts(gates: pd.DataFrame, truth: pd.DataFrame | None, ablation: pd.
         row = {
             "layer": key[0], "out_feature": key[1], "in_a": key[2], "in_b": key[3], "layer_rank": int(g.layer_rank),
             "contribution_share": g.contribution_share, "coactivation": g.coactivation, "and_score": g.and_score,
-            "and_data": g.and_data, "both_tokens": cells.get("on_on", 0), **drops,
+            "and_data": g.and_data, "both_tokens": cells.get("on_on", 0),
+            "apart_tokens": min(cells.get("on_off", 0), cells.get("off_on", 0)), **drops,
         }
         row["verdict"], row["is_and"] = _verdict(row)
         row["negation_gate"] = _negation_gate(labels, features, key)
@@ -57,6 +59,9 @@ def gate_verdicts(gates: pd.DataFrame, truth: pd.DataFrame | None, ablation: pd.
 def _verdict(row: dict) -> tuple[str, bool]:
     if row["both_tokens"] < MIN_CELL:
         return f"too few tokens with both inputs active ({row['both_tokens']})", False
+    if row["apart_tokens"] < MIN_CELL:
+        return (f"the inputs rarely fire apart ({row['apart_tokens']} tokens with one but not the other): "
+                "the truth table cannot tell an AND"), False
     if not row["and_data"] >= AND_DATA:
         return f"fires without both inputs (and_data {row['and_data']:.2f}): OR-like, not an AND", False
     weaker = min(row.get("drop_a", float("nan")), row.get("drop_b", float("nan")))

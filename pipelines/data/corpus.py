@@ -215,13 +215,28 @@ def _text_file_records(path: Path, cfg: CorpusConfig) -> Iterator[dict]:
     try:
         with _open_text(path) as handle:
             if json_lines:
+                wanted = [c for c in (cfg.text_column, cfg.label_column) if c]
+                found: set[str] = set()
+                first_fields: list[str] | None = None
                 for number, line in enumerate(handle, 1):
                     if not line.strip():
                         continue
                     try:
-                        yield json.loads(line)
+                        record = json.loads(line)
                     except json.JSONDecodeError as err:
                         raise ValueError(f"corpus {path}, line {number}: not JSON ({err.msg})") from None
+                    if not isinstance(record, dict):
+                        raise ValueError(f"corpus {path}, line {number}: not a JSON object but a "
+                                         f"{type(record).__name__}")
+                    if first_fields is None:
+                        first_fields = list(record)
+                    found.update(c for c in wanted if c in record)
+                    yield record
+                # a field no line has is a misspelt column, not a corpus of null texts
+                missing = [c for c in wanted if c not in found]
+                if first_fields is not None and missing:
+                    raise ValueError(f"corpus {path} has no field {missing[0]!r} in any line; "
+                                     f"the fields of its first line are {first_fields}")
                 return
             paragraph: list[str] = []
             for line in handle:

@@ -5,8 +5,10 @@
     info.json                     sizes, dtype, label classes, per-split document/token/byte counts
     {split}.tokens.bin            [n_rows, n_ctx] token ids (uint16, or int32 for large vocabularies)
     {split}.docs.bin              [n_rows] int64, the document at each row's first position
+    {split}.documents.bin         [n_documents, 2] int64: each document of the split (its index in
+                                  the corpus) and where its tokens end in the split's stream
     {split}.labels.{channel}.bin  [n_rows, n_ctx] int8 label codes (see `pipelines.data.labels`)
-    token_counts.npy              [d_vocab] int64, how often each token occurs in the train split
+    token_counts.npy              [d_vocab] int64, how often each token occurs in the train rows
 
 for the splits `train` and `held_out`. Each document is BOS followed by its tokens, and the
 documents of a split follow each other in one stream that is cut into rows of `n_ctx`: BOS
@@ -56,6 +58,7 @@ class TokenRows:
     row_doc: np.ndarray  # [n_rows], document of each row's first token
     labels: dict[str, np.ndarray]  # channel -> [n_rows, n_ctx] int8 codes
     bos_id: int | None
+    doc_table: np.ndarray | None = None  # [n_documents, 2]: document index, end of its tokens in the stream
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -66,7 +69,8 @@ class TokenRows:
 
     def head(self, n: int) -> "TokenRows":
         """The first `n` rows (a view)."""
-        return TokenRows(self.tokens[:n], self.row_doc[:n], {k: v[:n] for k, v in self.labels.items()}, self.bos_id)
+        return TokenRows(self.tokens[:n], self.row_doc[:n], {k: v[:n] for k, v in self.labels.items()}, self.bos_id,
+                         self.doc_table)
 
     def batch(self, rows: slice | np.ndarray) -> torch.Tensor:
         """Token ids of the given rows as a LongTensor `[n, n_ctx]`."""
@@ -81,6 +85,13 @@ class TokenRows:
 
     def documents(self, rows: slice | np.ndarray) -> np.ndarray:
         """Document index of every token of the given rows, `[n, n_ctx]`."""
+        if self.doc_table is not None:
+            # a split's documents are not consecutive corpus indices (the other split's lie
+            # between them), so they are looked up by where their tokens end in the stream
+            index = np.arange(len(self))[rows]
+            positions = index[:, None] * self.n_ctx + np.arange(self.n_ctx)
+            table = np.asarray(self.doc_table)
+            return table[np.searchsorted(table[:, 1], positions, side="right"), 0]
         tokens = np.asarray(self.tokens[rows])
         first = np.asarray(self.row_doc[rows])[:, None]
         if self.bos_id is None:
@@ -138,7 +149,9 @@ def open_token_store(folder: str | Path) -> TokenStore:
         docs = np.memmap(folder / f"{split}.docs.bin", dtype=np.int64, mode="r", shape=(n,))
         labels = {c: np.memmap(folder / f"{split}.labels.{c}.bin", dtype=np.int8, mode="r", shape=(n, n_ctx))
                   for c in info["classes"]}
-        return TokenRows(tokens, docs, labels, bos)
+        table_file = folder / f"{split}.documents.bin"  # absent in stores written before it existed
+        table = np.fromfile(table_file, dtype=np.int64).reshape(-1, 2) if table_file.is_file() else None
+        return TokenRows(tokens, docs, labels, bos, table)
 
     return TokenStore(folder, info, rows("train"), rows("held_out"))
 
@@ -146,8 +159,11 @@ def open_token_store(folder: str | Path) -> TokenStore:
 class _SplitWriter:
     """Appends one split's documents to its stream and writes every full row to disk."""
 
-    def __init__(self, folder: Path, split: str, n_ctx: int, dtype: np.dtype):
+    def __init__(self, folder: Path, split: str, n_ctx: int, dtype: np.dtype, d_vocab: int):
         self.folder, self.split, self.n_ctx, self.dtype = folder, split, n_ctx, dtype
+        self.counts = np.zeros(d_vocab, dtype=np.int64)  # of the tokens written into rows
+        self.doc_table: list[tuple[int, int]] = []  # (document, end of its tokens in the stream)
+        self.streamed = 0
         self.tokens: list[np.ndarray] = []
         self.docs: list[np.ndarray] = []
         self.labels: dict[str, list[np.ndarray]] = {}
@@ -157,7 +173,8 @@ class _SplitWriter:
                       "docs": open(folder / f"{split}.docs.bin", "wb")}
         self.stats = {"documents": 0, "tokens": 0, "bytes": 0, "rows": 0}
 
-    def add(self, ids: np.ndarray, doc: int, labels: dict[str, np.ndarray], n_bytes: int) -> None:
+    def add(self, ids: np.ndarray, doc: int, labels: dict[str, np.ndarray], n_bytes: int, n_tokens: int) -> None:
+        """Append a document: `ids` (with BOS when the tokenizer has one), `n_tokens` of them text."""
         for channel in labels:
             if channel not in self.labels:  # a channel first seen now: earlier tokens had none
                 self.labels[channel] = [np.zeros(self.pending, dtype=np.int8)]
@@ -170,7 +187,9 @@ class _SplitWriter:
             parts.append(labels.get(channel, np.zeros(len(ids), dtype=np.int8)))
         self.pending += len(ids)
         self.stats["documents"] += 1
-        self.stats["tokens"] += len(ids) - 1  # BOS is not text
+        self.stats["tokens"] += n_tokens
+        self.streamed += len(ids)
+        self.doc_table.append((doc, self.streamed))
         self.stats["bytes"] += n_bytes
         if self.pending >= self.n_ctx:
             self._flush()
@@ -181,6 +200,7 @@ class _SplitWriter:
         cut = n_rows * self.n_ctx
         docs = np.concatenate(self.docs)
         self.files["tokens"].write(tokens[:cut].astype(self.dtype).tobytes())
+        self.counts += np.bincount(tokens[:cut], minlength=len(self.counts))
         self.files["docs"].write(docs[:cut:self.n_ctx].tobytes())
         self.tokens, self.docs = [tokens[cut:]], [docs[cut:]]
         for channel, parts in self.labels.items():
@@ -193,6 +213,7 @@ class _SplitWriter:
     def close(self) -> dict:
         for handle in self.files.values():
             handle.close()
+        np.asarray(self.doc_table, dtype=np.int64).reshape(-1, 2).tofile(self.folder / f"{self.split}.documents.bin")
         self.stats["rows"] = self.rows
         return self.stats
 
@@ -209,16 +230,15 @@ def build_token_store(
     lowercase = _lowercases(tok)
     lexicon = read_lexicon(cfg.lexicon, lowercase) if cfg.lexicon else None
     labeller = Labeller(lexicon, cfg.label_column, lowercase)
-    counts = np.zeros(d_vocab, dtype=np.int64)
     skipped = 0
     with atomic_dir(folder) as tmp:
-        writers = {split: _SplitWriter(tmp, split, n_ctx, dtype) for split in SPLITS}
+        writers = {split: _SplitWriter(tmp, split, n_ctx, dtype, d_vocab) for split in SPLITS}
         doc = 0
         bar = tqdm(desc="tokenize", unit="doc")
         for batch in iter_documents(source, cfg):
             skipped += batch.skipped
             held = held_out_mask(np.arange(doc, doc + len(batch.texts)), cfg.held_out, cfg.split_seed)
-            for i, enc in enumerate(tok.encode_batch(batch.texts)):
+            for i, enc in enumerate(_encode_as_text(tok, batch.texts)):
                 text = batch.texts[i]
                 ids = np.asarray(enc.ids, dtype=np.int64)
                 offsets = _word_offsets(text, enc.offsets)
@@ -228,9 +248,7 @@ def build_token_store(
                     ids = np.concatenate([[bos], ids])
                     labels = {c: np.concatenate([[0], v]).astype(np.int8) for c, v in labels.items()}
                 split = "held_out" if held[i] else "train"
-                if split == "train":
-                    counts += np.bincount(ids, minlength=d_vocab)
-                writers[split].add(ids, doc + i, labels, len(text.encode("utf-8")))
+                writers[split].add(ids, doc + i, labels, len(text.encode("utf-8")), len(enc.ids))
             doc += len(batch.texts)
             bar.update(len(batch.texts))
         bar.close()
@@ -249,7 +267,7 @@ def build_token_store(
                 missing = writer.rows * n_ctx - (path.stat().st_size if path.exists() else 0)
                 with open(path, "ab") as handle:
                     handle.write(np.zeros(max(0, missing), dtype=np.int8).tobytes())
-        np.save(tmp / "token_counts.npy", counts)
+        np.save(tmp / "token_counts.npy", writers["train"].counts)
         info = {
             "corpus": corpus_name or source, "n_ctx": n_ctx, "dtype": dtype.name, "bos_id": bos,
             "d_vocab": d_vocab, "documents": doc, "skipped_documents": skipped,
@@ -260,6 +278,20 @@ def build_token_store(
     if skipped:
         print(f"corpus {source}: skipped {skipped} documents with null or blank text")
     return open_token_store(folder)
+
+
+def _encode_as_text(tok: Tokenizer, texts: list[str]) -> list:
+    """Encodings of `texts` in which a special token's name written in the text ("[BOS]" in a
+    document about tokenizers) is plain text, not the special token: a BOS comes only from
+    the store, at a document's start."""
+    previous = getattr(tok, "encode_special_tokens", None)
+    if previous is None:  # tokenizers before 0.15 cannot say so
+        return tok.encode_batch(texts)
+    tok.encode_special_tokens = True
+    try:
+        return tok.encode_batch(texts)
+    finally:
+        tok.encode_special_tokens = previous
 
 
 def _word_offsets(text: str, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:

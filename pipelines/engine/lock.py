@@ -60,6 +60,7 @@ def run_lock(root: str | Path, stage: str) -> Iterator[None]:
             yield
         finally:
             del _held[root]
+            handle.truncate(0)  # no stale holder left to read
             fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
         handle.close()

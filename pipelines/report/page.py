@@ -54,7 +54,6 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs, layers: list[int], st
     from pipelines.stages import check_tables_match, layer_saes
 
     data = load_report_data(run, layers, input_site, inputs.folder, cfg.n_candidates)
-    steps = tqdm(total=4 + len(layers), desc="report", unit="step")
     saes = {}
     for layer in layers:
         explicit = (sae_paths or {}).get(layer)
@@ -62,6 +61,7 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs, layers: list[int], st
         if Path(path_in).is_dir() and path_out is not None and Path(path_out).is_dir():
             saes[layer] = layer_saes(run, inputs, layer, explicit, input_site, True)
             check_tables_match(run, layer, f"{input_site}-sae", Path(path_in), Path(path_out))
+    steps = tqdm(total=4 + len(layers), desc="report", unit="step")
     with atomic_dir(run.report) as folder:
         pictures = _Pictures(folder, cfg.dpi)
         page = {"title": f"Bilinear circuits report: {run.root.resolve().name}", "data": data,

@@ -1,0 +1,459 @@
+"""What the explorer shows: a run's tables, read once and written as compact JSON.
+
+Every data file is a line of JavaScript that registers one JSON value,
+
+    (window.BCX_DATA = window.BCX_DATA || {})["<name>"] = <JSON>;
+
+so that a page opened from file:// loads it with a <script> element (browsers refuse
+fetch() there). The files (`data/<name>.js`):
+
+- `meta`: the run's name, layers, input sites, which tables are present (and why the others
+  are not), the number of features per (layer, site), SAE metrics, the mean low-rank
+  correlation per rank, HOSVD singular values and the gate verdicts
+  (`pipelines.analysis.verdicts.gate_verdicts`, for the candidates with a truth table).
+- `index`: one row per output feature (site mlp_out) of every layer: description,
+  frequency, top tokens; and per input site the summary numbers of each row (rank-2
+  correlation, the best data-ranked gate pair, the top eigenvalue's energy share).
+- `features_L<l>`: the `features` and `feature_labels` rows of layer l, every site.
+- `circuits_L<l>_<site>`: the `interactions`, `gates`, `gate_truth`, `gate_ablation`,
+  `eigen`, `eigen_inputs` and `lowrank` rows of layer l whose input SAE reads `site`, for
+  the output SAE's features (`outputs == "sae"`), sorted by output feature.
+
+A table is `{"n": rows, "columns": {name: [values]}, "categories": {name: [labels]}}`; a
+column named in "categories" holds integer codes into its labels (-1 for null). Floats
+are rounded to `DIGITS` significant digits; NaN and infinities are written as null. A
+table the run lacks is null, and `meta.missing` says why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from pipelines.analysis.verdicts import gate_verdicts
+from pipelines.engine.paths import RunPaths
+from pipelines.engine.tables import read_table
+
+DIGITS = 4
+OUTPUT_SITE = "mlp_out"
+INPUT_SITE_ORDER = ("resid_mid", "mlp_in")
+CORR_RANK = 2  # the rank whose low-rank correlation the index shows (or the largest below it)
+
+# the columns each table needs (a table lacking one is reported missing), the columns
+# exported, those written as category codes, and the export's sort order
+CIRCUIT_TABLES = {
+    "interactions": dict(need=["layer", "out_feature", "rank", "in_a", "in_b", "kind", "coefficient"],
+                         cats=["kind"], sort=["out_feature", "kind", "rank"]),
+    "gates": dict(need=["layer", "out_feature", "in_a", "in_b", "and_score", "cross", "self_a", "self_b",
+                        "weight_rank", "n_active", "coactivation", "mean_contribution", "contribution_share",
+                        "and_data", "data_rank", "layer_rank"], cats=[], sort=["out_feature", "weight_rank"]),
+    "gate_truth": dict(need=["layer", "out_feature", "in_a", "in_b", "layer_rank", "cell", "n_tokens",
+                             "mean_activation", "active_share", "quantile_activation"],
+                       cats=["cell"], sort=["out_feature", "layer_rank", "cell"]),
+    "gate_ablation": dict(need=["layer", "out_feature", "in_a", "in_b", "layer_rank", "ablated", "n_tokens",
+                                "activation_before", "activation_after", "pre_before", "pre_after",
+                                "pre_change_predicted", "logprob_before", "logprob_after"],
+                          cats=["ablated"], sort=["out_feature", "layer_rank", "ablated"]),
+    "eigen": dict(need=["layer", "out_feature", "rank", "eigenvalue", "energy_share", "activation_share"],
+                  cats=[], sort=["out_feature", "rank"]),
+    "eigen_inputs": dict(need=["layer", "out_feature", "eigen_rank", "input_rank", "in_feature", "cosine"],
+                         cats=[], sort=["out_feature", "eigen_rank", "input_rank"]),
+    "lowrank": dict(need=["layer", "out_feature", "n_eigs", "n_active", "corr_active"], cats=[],
+                    sort=["out_feature", "n_eigs"]),
+}
+FEATURE_COLUMNS = ["site", "feature", "frequency", "max_activation", "mean_activation", "top_contexts",
+                   "top_tokens", "sample_contexts", "sample_quantiles", "top_token", "top_token_share",
+                   "is_token_feature", "boosted_tokens", "suppressed_tokens", "label", "label_share", "boost_label",
+                   "boost_sd", "description"]
+OTHER_TABLES = {
+    "features": dict(need=["layer", "site", "feature", "description"], cats=["site"], sort=["site", "feature"]),
+    "feature_labels": dict(need=["layer", "site", "feature", "channel", "class", "kind", "value"],
+                           cats=["site", "channel", "class", "kind"], sort=["site", "feature", "kind", "channel", "class"]),
+    "sae_metrics": dict(need=["layer", "site"], cats=[], sort=["layer", "site"]),
+    "hosvd": dict(need=["layer", "component", "singular_value"], cats=[], sort=["layer", "component"]),
+}
+TABLES = {**CIRCUIT_TABLES, **OTHER_TABLES}
+VERDICT_COLUMNS = ["layer", "out_feature", "in_a", "in_b", "layer_rank", "verdict", "is_and", "negation_gate",
+                   "drop_a", "drop_b", "drop_both", "both_tokens", "apart_tokens"]
+
+
+# ------------------------------------------------------------------ encoding
+
+
+def round_sig(values, digits: int = DIGITS) -> np.ndarray:
+    """`values` rounded to `digits` significant digits (NaN and infinities kept)."""
+    x = np.array(values, dtype=np.float64, copy=True).reshape(-1)
+    ok = np.isfinite(x) & (x != 0)
+    v = x[ok]
+    if v.size:
+        shift = digits - 1 - np.floor(np.log10(np.abs(v))).astype(np.int64)
+        shift = np.clip(shift, -300, 300)
+        out = np.empty_like(v)
+        up = shift >= 0  # divide by an exact power of ten: the result prints as its short decimal
+        out[up] = np.round(v[up] * 10.0 ** shift[up]) / 10.0 ** shift[up]
+        out[~up] = np.round(v[~up] / 10.0 ** -shift[~up]) * 10.0 ** -shift[~up]
+        x[ok] = out
+    return x
+
+
+def _floats(values, digits: int = DIGITS) -> list:
+    """Rounded floats for JSON: whole numbers written as integers (shorter), NaN as null."""
+    return [(int(v) if v.is_integer() and abs(v) < 1e15 else v) if math.isfinite(v) else None
+            for v in round_sig(values, digits).tolist()]
+
+
+def _is_list_column(series: pd.Series) -> bool:
+    sample = series.dropna()
+    return len(sample) > 0 and isinstance(sample.iloc[0], (list, tuple, np.ndarray))
+
+
+def encode_column(series: pd.Series, categorical: bool = False) -> tuple[list, list | None]:
+    """A column as a JSON-ready list (and its category labels when coded)."""
+    if categorical:
+        codes, labels = pd.factorize(series.astype(object), use_na_sentinel=True)
+        return codes.tolist(), [str(v) for v in labels]
+    dtype = series.dtype
+    if pd.api.types.is_bool_dtype(dtype):
+        return [None if pd.isna(v) else bool(v) for v in series.astype(object)], None
+    if pd.api.types.is_integer_dtype(dtype):
+        if series.isna().any():
+            return [None if pd.isna(v) else int(v) for v in series.astype(object)], None
+        return series.to_numpy(dtype=np.int64).tolist(), None
+    if pd.api.types.is_float_dtype(dtype):
+        return _floats(series.to_numpy(dtype=np.float64, na_value=np.nan)), None
+    if _is_list_column(series):
+        out = []
+        for v in series:
+            if v is None or (not isinstance(v, (list, tuple, np.ndarray)) and pd.isna(v)):
+                out.append([])
+                continue
+            items = list(v)
+            if items and all(isinstance(i, (float, np.floating)) for i in items):
+                out.append(_floats(items))
+            elif items and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in items):
+                out.append([int(i) for i in items])
+            else:
+                out.append([None if i is None else str(i) for i in items])
+        return out, None
+    return [None if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v) for v in series.astype(object)], None
+
+
+def encode_table(df: pd.DataFrame | None, columns: list[str] | None = None, categories=()) -> dict | None:
+    """`df` (its `columns`, those present) as a columnar table; None stays None."""
+    if df is None:
+        return None
+    columns = [c for c in (columns or list(df.columns)) if c in df.columns]
+    table = {"n": int(len(df)), "columns": {}, "categories": {}}
+    for c in columns:
+        values, labels = encode_column(df[c], c in categories)
+        table["columns"][c] = values
+        if labels is not None:
+            table["categories"][c] = labels
+    return table
+
+
+def decode_table(table: dict | None) -> pd.DataFrame | None:
+    """The inverse of `encode_table` (for tests and tools): a data frame, nulls as None/NaN."""
+    if table is None:
+        return None
+    data = {}
+    for c, values in table["columns"].items():
+        labels = table["categories"].get(c)
+        data[c] = [None if v < 0 else labels[v] for v in values] if labels is not None else values
+    return pd.DataFrame(data, index=range(table["n"]))
+
+
+def script(name: str, value) -> str:
+    """The JavaScript of data file `name`: registers `value` (JSON) under BCX_DATA[name]."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return f"(window.BCX_DATA=window.BCX_DATA||{{}})[{json.dumps(name)}]={text};\n"
+
+
+def parse_script(text: str):
+    """The JSON value a data file registers (the inverse of `script`)."""
+    head, _, body = text.partition("]=")
+    if not head.startswith("(window.BCX_DATA"):
+        raise ValueError("not an explorer data file")
+    return json.loads(body.rstrip().removesuffix(";"))
+
+
+# ------------------------------------------------------------------ reading the run
+
+
+@dataclass
+class RunTables:
+    """The run's tables (restricted to SAE outputs), and why each absent one is absent."""
+
+    frames: dict[str, pd.DataFrame] = field(default_factory=dict)
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def get(self, name: str) -> pd.DataFrame | None:
+        return self.frames.get(name)
+
+
+def _keep_sae_outputs(df: pd.DataFrame) -> pd.DataFrame:
+    if "outputs" not in df.columns:
+        return df
+    outputs = df["outputs"].astype(object)
+    return df[outputs.isna() | (outputs == "sae")].reset_index(drop=True)
+
+
+def load_tables(run: RunPaths) -> RunTables:
+    out = RunTables()
+    for name, spec in TABLES.items():
+        try:
+            df = read_table(run.tables, name)
+        except FileNotFoundError:
+            out.missing[name] = "not in this run"
+            continue
+        except (OSError, pa.ArrowException, ValueError) as error:
+            out.missing[name] = f"unreadable ({type(error).__name__}: {error})"
+            continue
+        lacking = [c for c in spec["need"] if c not in df.columns]
+        if lacking:
+            out.missing[name] = f"lacks columns {', '.join(lacking)}"
+            continue
+        if name in CIRCUIT_TABLES:
+            df = _keep_sae_outputs(df)
+            if df.empty:
+                out.missing[name] = "no rows for the output SAE's features"
+                continue
+        out.frames[name] = df
+    return out
+
+
+def input_sites(tables: RunTables) -> list[str]:
+    """Input sites of the circuit tables, the preferred (resid_mid) first."""
+    found = set()
+    for name in CIRCUIT_TABLES:
+        df = tables.get(name)
+        if df is not None and "input_site" in df.columns:
+            found |= {str(s) for s in df["input_site"].dropna().unique()}
+    if not found and any(tables.get(n) is not None for n in CIRCUIT_TABLES):
+        found = {INPUT_SITE_ORDER[0]}
+    order = {s: i for i, s in enumerate(INPUT_SITE_ORDER)}
+    return sorted(found, key=lambda s: (order.get(s, len(order)), s))
+
+
+def for_site(df: pd.DataFrame | None, site: str) -> pd.DataFrame | None:
+    """Rows of a circuit table computed from input site `site` (rows with no site match any)."""
+    if df is None or "input_site" not in df.columns:
+        return df
+    sites = df["input_site"].astype(object)
+    return df[sites.isna() | (sites == site)]
+
+
+def run_layers(tables: RunTables) -> list[int]:
+    layers = set()
+    for df in tables.frames.values():
+        if "layer" in df.columns:
+            layers |= {int(v) for v in df["layer"].dropna().unique()}
+    return sorted(layers)
+
+
+def feature_counts(tables: RunTables, sites: list[str]) -> dict[tuple[int, str], int]:
+    """Features per (layer, site): the SAE's width, and never fewer than the ids the tables use."""
+    counts: dict[tuple[int, str], int] = {}
+
+    def grow(layer, site, n):
+        key = (int(layer), str(site))
+        counts[key] = max(counts.get(key, 0), int(n))
+
+    metrics = tables.get("sae_metrics")
+    if metrics is not None and "d_sae" in metrics.columns:
+        for r in metrics[["layer", "site", "d_sae"]].dropna().itertuples(index=False):
+            grow(r.layer, r.site, r.d_sae)
+    features = tables.get("features")
+    if features is not None:
+        for (layer, site), n in features.groupby(["layer", "site"])["feature"].max().items():
+            grow(layer, site, n + 1)
+    for name in CIRCUIT_TABLES:
+        df = tables.get(name)
+        if df is None:
+            continue
+        for layer, n in df.groupby("layer")["out_feature"].max().items():
+            grow(layer, OUTPUT_SITE, n + 1)
+        for site in sites:
+            mine = for_site(df, site)
+            for column in ("in_a", "in_b", "in_feature"):
+                if column in mine.columns and len(mine):
+                    for layer, n in mine.groupby("layer")[column].max().items():
+                        if n >= 0:
+                            grow(layer, site, n + 1)
+    return counts
+
+
+# ------------------------------------------------------------------ the bundles
+
+
+def _top_tokens_text(features: pd.DataFrame) -> list[str]:
+    """Per row, its distinct top tokens (and top token) as one string, for searching."""
+    out = []
+    for tokens, top in zip(features["top_tokens"] if "top_tokens" in features else [None] * len(features),
+                           features["top_token"] if "top_token" in features else [None] * len(features)):
+        seen = []
+        for t in ([top] if isinstance(top, str) else []) + (list(tokens) if tokens is not None else []):
+            if isinstance(t, str) and t not in seen:
+                seen.append(t)
+        out.append(" ".join(seen))
+    return out
+
+
+def corr_rank(lowrank: pd.DataFrame | None) -> int:
+    if lowrank is None or lowrank.empty:
+        return CORR_RANK
+    ranks = sorted(int(r) for r in lowrank["n_eigs"].unique())
+    below = [r for r in ranks if r <= CORR_RANK]
+    return below[-1] if below else ranks[0]
+
+
+def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts: dict) -> dict:
+    """One row per output feature of every layer, with its summary numbers per input site."""
+    keys = [(layer, f) for layer in layers for f in range(counts.get((layer, OUTPUT_SITE), 0))]
+    base = pd.DataFrame(keys, columns=["layer", "feature"]).astype(np.int64)
+    features = tables.get("features")
+    if features is not None:
+        mine = features[features["site"] == OUTPUT_SITE].drop_duplicates(["layer", "feature"])
+        mine = mine.assign(top_tokens_text=_top_tokens_text(mine))
+        cols = [c for c in ("description", "frequency", "top_token", "top_tokens_text") if c in mine.columns]
+        base = base.merge(mine[["layer", "feature", *cols]], on=["layer", "feature"], how="left")
+    rank = corr_rank(tables.get("lowrank"))
+    stats = {}
+    for site in sites:
+        frame = base[["layer", "feature"]]
+        lowrank = for_site(tables.get("lowrank"), site)
+        if lowrank is not None:
+            sel = lowrank[lowrank["n_eigs"] == rank].drop_duplicates(["layer", "out_feature"])
+            frame = frame.merge(sel[["layer", "out_feature", "corr_active", "n_active"]]
+                                .rename(columns={"out_feature": "feature", "corr_active": "corr"}),
+                                on=["layer", "feature"], how="left")
+        gates = for_site(tables.get("gates"), site)
+        if gates is not None:
+            best = gates[gates["data_rank"] == 1].drop_duplicates(["layer", "out_feature"])
+            best = best[["layer", "out_feature", "in_a", "in_b", "contribution_share", "and_score", "and_data",
+                         "coactivation", "layer_rank"]].rename(
+                columns={"out_feature": "feature", "in_a": "gate_a", "in_b": "gate_b",
+                         "contribution_share": "gate_share", "and_score": "gate_and_score",
+                         "and_data": "gate_and_data", "coactivation": "gate_coactivation"})
+            frame = frame.merge(best, on=["layer", "feature"], how="left")
+            for c in ("gate_a", "gate_b", "layer_rank"):
+                frame[c] = frame[c].astype("Int64")
+        eigen = for_site(tables.get("eigen"), site)
+        if eigen is not None:
+            top = eigen[eigen["rank"] == 1].drop_duplicates(["layer", "out_feature"])
+            frame = frame.merge(top[["layer", "out_feature", "eigenvalue", "energy_share"]]
+                                .rename(columns={"out_feature": "feature", "eigenvalue": "eig1",
+                                                 "energy_share": "energy1"}),
+                                on=["layer", "feature"], how="left")
+        if "n_active" in frame.columns:
+            frame["n_active"] = frame["n_active"].astype("Int64")
+        stats[site] = encode_table(frame.drop(columns=["layer", "feature"]))
+    return {"features": encode_table(base), "stats": stats, "corr_rank": rank}
+
+
+def features_bundle(tables: RunTables, layer: int) -> dict:
+    features, labels = tables.get("features"), tables.get("feature_labels")
+    out = {"features": None, "feature_labels": None}
+    if features is not None:
+        mine = features[features["layer"] == layer].sort_values(["site", "feature"])
+        out["features"] = encode_table(mine, FEATURE_COLUMNS, ["site"])
+    if labels is not None:
+        spec = OTHER_TABLES["feature_labels"]
+        mine = labels[labels["layer"] == layer].sort_values(spec["sort"])
+        out["feature_labels"] = encode_table(mine, ["site", "feature", "channel", "class", "kind", "value",
+                                                    "n_tokens"], spec["cats"])
+    return out
+
+
+def circuits_bundle(tables: RunTables, layer: int, site: str) -> dict:
+    out = {}
+    for name, spec in CIRCUIT_TABLES.items():
+        df = for_site(tables.get(name), site)
+        if df is None:
+            out[name] = None
+            continue
+        mine = df[df["layer"] == layer].sort_values(spec["sort"], kind="stable")
+        columns = [c for c in spec["need"] if c != "layer"]
+        out[name] = encode_table(mine, columns, spec["cats"])
+    return out
+
+
+def verdicts_table(tables: RunTables, site: str) -> tuple[pd.DataFrame | None, str | None]:
+    """Verdicts on the candidates that have a truth table (or None, with the reason)."""
+    gates, truth = for_site(tables.get("gates"), site), for_site(tables.get("gate_truth"), site)
+    if gates is None or truth is None or truth.empty:
+        return None, "needs the gates and gate_truth tables"
+    n = int(truth["layer_rank"].max())
+    verdicts = gate_verdicts(gates, truth, for_site(tables.get("gate_ablation"), site), tables.get("features"),
+                             tables.get("feature_labels"), n)
+    if verdicts.empty:
+        return None, "no data-ranked candidates"
+    have = truth[["layer", "out_feature", "in_a", "in_b"]].drop_duplicates()
+    verdicts = verdicts.merge(have, on=["layer", "out_feature", "in_a", "in_b"])
+    for c in VERDICT_COLUMNS:
+        if c not in verdicts.columns:
+            verdicts[c] = np.nan
+    verdicts["negation_gate"] = verdicts["negation_gate"].astype(object)
+    return verdicts[VERDICT_COLUMNS], None
+
+
+def _lowrank_curves(lowrank: pd.DataFrame | None) -> dict | None:
+    if lowrank is None:
+        return None
+    out = {}
+    for layer, df in lowrank.groupby("layer"):
+        mean = df.groupby("n_eigs")["corr_active"].mean()
+        out[str(int(layer))] = {"n_eigs": [int(v) for v in mean.index], "mean": _floats(mean.to_numpy()),
+                                "nan_features": int(df.loc[df["corr_active"].isna(), "out_feature"].nunique()),
+                                "features": int(df["out_feature"].nunique())}
+    return out
+
+
+def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list[str], counts: dict) -> dict:
+    metrics = tables.get("sae_metrics")
+    hosvd = tables.get("hosvd")
+    meta = {
+        "run": run.root.resolve().name,
+        "layers": layers,
+        "input_sites": sites,
+        "output_site": OUTPUT_SITE,
+        "present": sorted(tables.frames),
+        "missing": dict(sorted(tables.missing.items())),
+        "counts": [{"layer": k[0], "site": k[1], "n": v} for k, v in sorted(counts.items())],
+        "sae_metrics": encode_table(metrics.sort_values(["layer", "site"]) if metrics is not None else None),
+        "report": (run.report / "index.html").is_file(),
+        "digits": DIGITS,
+        "lowrank": {}, "hosvd": {}, "verdicts": {}, "verdicts_missing": {},
+    }
+    for site in sites:
+        meta["lowrank"][site] = _lowrank_curves(for_site(tables.get("lowrank"), site))
+        if hosvd is not None:
+            mine = for_site(hosvd, site).sort_values(["layer", "component"])
+            meta["hosvd"][site] = {str(int(k)): _floats(g["singular_value"].to_numpy())
+                                   for k, g in mine.groupby("layer")}
+        verdicts, why = verdicts_table(tables, site)
+        meta["verdicts"][site] = encode_table(verdicts)
+        if why:
+            meta["verdicts_missing"][site] = why
+    return meta
+
+
+def bundles(run: RunPaths) -> dict[str, object]:
+    """Every data file of the explorer, by name (see the module docstring)."""
+    tables = load_tables(run)
+    layers = run_layers(tables)
+    sites = input_sites(tables)
+    counts = feature_counts(tables, sites)
+    out = {"meta": meta_bundle(run, tables, layers, sites, counts),
+           "index": index_bundle(tables, layers, sites, counts)}
+    for layer in layers:
+        out[f"features_L{layer}"] = features_bundle(tables, layer)
+        for site in sites:
+            out[f"circuits_L{layer}_{site}"] = circuits_bundle(tables, layer, site)
+    return out
