@@ -189,8 +189,9 @@ class GateStats:
         means = torch.where(counts > 0, means, torch.full_like(means, float("nan")))
         m11, rest = means[..., 0], means[..., 1:]
         best_other = torch.nan_to_num(rest, nan=float("-inf")).amax(-1)
-        and_data = torch.where((counts[..., 0] > 0) & (m11 > 0), (m11 - best_other) / m11,
-                               torch.full_like(m11, float("nan")))
+        # no token in any other cell: nothing says whether f needs both inputs
+        known = (counts[..., 0] > 0) & (m11 > 0) & torch.isfinite(best_other)
+        and_data = torch.where(known, (m11 - best_other) / m11, torch.full_like(m11, float("nan")))
         nan = torch.full_like(self.contribution, float("nan"))
         return {
             "n_active": active.expand_as(self.contribution),

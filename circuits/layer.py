@@ -10,7 +10,8 @@ Tables (columns and types in `circuits.tables`):
 - `eigen`: per output, the largest eigenvalues of its interaction matrix, each with its
   share of the spectrum's energy and, on active tokens, of the output's activation;
 - `eigen_inputs`: for each top eigenvector, the input features whose MLP-input directions
-  it reads most (|cosine|, with sign);
+  it reads most (|cosine|, with sign; each eigenvector oriented so that its first input's
+  cosine is positive);
 - `lowrank`: per output feature and rank r, the active-only correlation of the rank-r
   approximation with its real activation;
 - `hosvd`: singular values, when the outputs are HOSVD directions.
@@ -147,8 +148,12 @@ def analyse_layer(
         top_V = V[:, :, :R].clone()  # clone: the full V [c, d, d] is freed with this chunk
         cos = top_V.transpose(1, 2) @ unit_inputs  # [c, R, n_in]
         reads = cos.abs().topk(min(cfg.n_eigen_inputs, n_in), dim=-1).indices
+        read_cos = cos.gather(-1, reads)
+        # an eigenvector's sign is arbitrary (it differs between dtypes and LAPACK builds):
+        # orient each so that the input it reads most has a positive cosine
+        read_cos = read_cos * torch.where(read_cos[..., :1] < 0, -1.0, 1.0).to(read_cos.dtype)
         return (inter, gates, lam[:, : cfg.n_eigen_store].clone(), energy[:, : cfg.n_eigen_store].clone(),
-                lam[:, :R].clone(), top_V, reads, cos.gather(-1, reads))
+                lam[:, :R].clone(), top_V, reads, read_cos)
 
     workers = 1 if device.type != "cpu" else cfg.n_workers or torch.get_num_threads()
     bar = tqdm(total=n_out, desc=f"layer {layer} weights", unit="feature", disable=not progress)
@@ -257,7 +262,8 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
         cross, self_a, self_b = 2 * coefficient(a, b), coefficient(a, a), coefficient(b, b)
         frame = pd.DataFrame({"out_feature": _np(out), "in_a": _np(a), "in_b": _np(b),
                               "cross": _np(cross), "self_a": _np(self_a), "self_b": _np(self_b)})
-        for column in ("n_active", "coactivation", "mean_contribution", "contribution_share", "and_data"):
+        for column in ("n_active", "coactivation", "mean_contribution", "contribution_share", "and_data",
+                       "n_both", "n_a_only", "n_b_only"):
             frame[column] = np.nan
     else:
         c, stats = data["candidates"], data["stats"]
@@ -269,16 +275,22 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
             "cross": _np(data["cross"][sel]), "self_a": _np(data["self_a"][sel]), "self_b": _np(data["self_b"][sel]),
             **{k: _np(stats[k][sel]) for k in ("n_active", "coactivation", "mean_contribution",
                                                  "contribution_share", "and_data")},
+            **{name: _np(stats["cell_tokens"][..., cell][sel]) for cell, name in enumerate(("n_both", "n_a_only", "n_b_only"))},
         })
     frame["and_score"] = frame["cross"] - frame["self_a"].abs() - frame["self_b"].abs()
     frame["layer"] = layer
     frame["weight_rank"] = frame.groupby("out_feature")["and_score"].rank(ascending=False, method="first").astype("int64")
-    both_active = frame["coactivation"] * frame["n_active"]
-    usable = (frame["n_active"] >= cfg.min_active) & (both_active >= cfg.min_active)
-    score = frame["contribution_share"].where(usable)
-    frame["data_rank"] = score.groupby(frame["out_feature"]).rank(ascending=False, method="first").astype("Int64")
+    both_active = (frame["coactivation"] * frame["n_active"]).round()  # a count: 15/22*22 is 14.999...
+    # a pair is a gate candidate on data only where its inputs were seen together and apart:
+    # two features of one token always fire together, and no data can say f needs both
+    usable = ((frame["n_active"] >= cfg.min_active) & (both_active >= cfg.min_active)
+              & (frame["n_a_only"] >= cfg.min_active) & (frame["n_b_only"] >= cfg.min_active)
+              & frame["and_data"].notna())
+    frame["gate_score"] = (frame["contribution_share"] * frame["and_data"].clip(0, 1)).where(usable)
+    frame["data_rank"] = frame["gate_score"].groupby(frame["out_feature"]).rank(
+        ascending=False, method="first").astype("Int64")
     best = frame[frame["data_rank"] == 1]
-    layer_rank = best["contribution_share"].rank(ascending=False, method="first").astype("int64")
+    layer_rank = best["gate_score"].rank(ascending=False, method="first").astype("int64")
     frame["layer_rank"] = pd.Series(layer_rank, dtype="Int64").reindex(frame.index)
     return frame.sort_values(["out_feature", "weight_rank"]).reset_index(drop=True)
 
@@ -315,6 +327,7 @@ def _check_shapes(mlp: MLPWeights, sae_in: SAEWeights, outputs: Outputs) -> None
     }
     if outputs.sae is not None:
         expected["output SAE W_enc"] = (outputs.sae.W_enc.shape[:1], (d_model,))
+        expected["output directions"] = (outputs.directions.shape, (outputs.sae.d_sae, d_model))
     for name, (shape, want) in expected.items():
         if tuple(shape) != want:
             raise ValueError(f"{name} has shape {tuple(shape)}, expected {want}")

@@ -48,6 +48,8 @@ def token_scale(r: torch.Tensor, eps: float, site: str) -> torch.Tensor:
     inputs `r [..., d]` (mean(r^2) + eps), 1 for mlp_in. Returns `[...]`."""
     if site == "mlp_in":
         return torch.ones(r.shape[:-1], dtype=r.dtype, device=r.device)
+    if site != "resid_mid":
+        raise ValueError(f"unknown input site {site!r}; choose from {', '.join(INPUT_SITES)}")
     return 1.0 / (r.square().mean(-1) + eps)
 
 

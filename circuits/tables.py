@@ -34,7 +34,12 @@ SCHEMAS = {
         ("mean_contribution", pa.float64()),  # mean of cross * z_a z_b * s over the output's active tokens
         ("contribution_share", pa.float64()),  # its sum over the sum of the output's activation there
         ("and_data", pa.float64()),  # (m11 - max(m10, m01, m00)) / m11 from the truth table
-        ("data_rank", pa.int64()),  # rank by contribution_share among the output's candidates (null: too few tokens)
+        ("n_both", pa.float64()),  # held-out tokens where a and b are both active
+        ("n_a_only", pa.float64()),  # ... where a is active and b is not
+        ("n_b_only", pa.float64()),  # ... where b is active and a is not
+        ("gate_score", pa.float64()),  # contribution_share * and_data (clipped to [0, 1]); null unless the
+        # output and both inputs were seen together and apart on at least min_active tokens each
+        ("data_rank", pa.int64()),  # rank by gate_score among the output's candidates
         ("layer_rank", pa.int64()),  # rank of the output's best data pair within the layer (null otherwise)
     ]),
     "gate_truth": pa.schema(_KEYS + [

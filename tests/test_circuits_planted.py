@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from circuits import CircuitConfig, MLPWeights, SAEWeights, analyse_layer
+from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
+from circuits.sae_basis import output_directions
 
 D, N_IN, N_OUT = 16, 12, 8
 F64 = torch.float64
@@ -66,9 +68,10 @@ def test_planted_and_gate_ranks_first_as_cross_term_and_gate():
     assert (first.kind, first.in_a, first.in_b, first["rank"]) == ("cross", a, b, 1)
     assert math.isclose(first.coefficient, 1.0, rel_tol=1e-3)  # z_a z_b with coefficient 1
     gates = tables["gates"]
-    top_gate = gates[gates.out_feature == f_and].iloc[0]
-    assert (top_gate.in_a, top_gate.in_b) == (a, b)
-    runner_up = gates[gates.out_feature == f_and].iloc[1]
+    mine = gates[gates.out_feature == f_and].sort_values("weight_rank")
+    top_gate, runner_up = mine.iloc[0], mine.iloc[1]
+    assert (top_gate.in_a, top_gate.in_b, top_gate.weight_rank) == (a, b, 1)
+    assert math.isclose(top_gate.cross, 1.0, rel_tol=1e-3)
     assert top_gate.and_score > 0.9 and runner_up.and_score < 0.1
 
     square = _strongest(inter, f_square)
@@ -83,9 +86,17 @@ def _strongest(interactions, feature):
 
 
 def _weights_only(mlp, sae_in, sae_out, cfg):
-    """Weight tables with no tokens: one all-zero activation batch."""
-    batch = (torch.zeros(1, D, dtype=F64), torch.zeros(1, sae_out.d_sae, dtype=F64))
-    return analyse_layer(mlp, sae_in, sae_out, [batch], cfg, layer=0)
+    """Weight tables only: no tokens."""
+    outputs = Outputs("sae", output_directions(sae_out.W_enc), sae=sae_out)
+    return analyse_layer(mlp, sae_in, outputs, None, cfg, layer=0)
+
+
+def _batches(x, sae_in, acts, size, site="mlp_in", eps=1e-5):
+    """LayerBatches of MLP inputs `x` (taken as the input site itself, unit gain)."""
+    z = sae_in.encode(x)
+    scale = torch.ones(len(x), dtype=F64) if site == "mlp_in" else 1 / (x.square().mean(-1) + eps)
+    return lambda: [LayerBatch(x=x[i : i + size], z=z[i : i + size], scale=scale[i : i + size],
+                               acts=acts[i : i + size]) for i in range(0, len(x), size)]
 
 
 def test_planted_rank_one_feature_correlates_exactly_at_rank_one():
@@ -108,9 +119,10 @@ def test_planted_rank_one_feature_correlates_exactly_at_rank_one():
     x = torch.randn(3000, D, generator=gen, dtype=F64)
     mlp_out = ((x @ mlp.W_gate) * (x @ mlp.W_in) + mlp.b_in) @ mlp.W_out + mlp.b_out
     acts = topk_acts((mlp_out - out.b_dec) @ out.W_enc + out.b_enc, k=3)
-    batches = [(x[i : i + 700], acts[i : i + 700]) for i in range(0, 3000, 700)]
     cfg = CircuitConfig(max_rank=3, min_active=10, token_batch=1000, chunk_size=3, dtype="float64")
-    low = analyse_layer(mlp, sae(dec), out, batches, cfg, layer=0)["lowrank"]
+    outputs = Outputs("sae", output_directions(out.W_enc), sae=out)
+    low = analyse_layer(mlp, sae(dec), outputs, _batches(x, sae(dec), acts, 700), cfg, layer=0,
+                        input_site="mlp_in")["lowrank"]
 
     corr = low.pivot(index="out_feature", columns="n_eigs", values="corr_active")
     assert math.isclose(corr.loc[f1, 1], 1.0, abs_tol=1e-9)
@@ -118,3 +130,68 @@ def test_planted_rank_one_feature_correlates_exactly_at_rank_one():
     n_active = low.groupby("out_feature").n_active.first()
     assert n_active.tolist() == (acts != 0).sum(0).tolist()
     assert n_active[f1] > 100
+
+
+def test_planted_rank_two_feature_eigen_tables():
+    """Q_f = 2 d_p d_p^T - 1.2 d_q d_q^T on two input directions, and Q_h = 1.5 v1 v1^T +
+    0.5 v2 v2^T with v1 = 0.8 d_p - 0.6 d_r, v2 = 0.6 d_p + 0.8 d_r (input SAE on mlp_in)."""
+    gen = torch.Generator().manual_seed(2)
+    dec = orthonormal(N_IN, D, gen)
+    enc = orthonormal(N_OUT, D, gen)
+    p, q, r = 2, 7, 10
+    f, h = 3, 6
+    v1, v2 = 0.8 * dec[p] - 0.6 * dec[r], 0.6 * dec[p] + 0.8 * dec[r]
+    others = [(torch.randn(D, generator=gen, dtype=F64), torch.randn(D, generator=gen, dtype=F64), enc[o])
+              for o in range(N_OUT) if o not in (f, h)]
+    mlp = mlp_from_units(
+        [(dec[p], 2 * dec[p], enc[f]), (dec[q], -1.2 * dec[q], enc[f]), (v1, 1.5 * v1, enc[h]), (v2, 0.5 * v2, enc[h])]
+        + others, noise_units=0, gen=gen,
+    )
+    T = 600
+    z = torch.rand(T, N_IN, generator=gen, dtype=F64) * (torch.rand(T, N_IN, generator=gen) < 0.35)
+    x = z @ dec  # the input SAE on mlp_in writes the MLP input
+    out = sae(enc)
+    acts = (((x @ mlp.W_gate) * (x @ mlp.W_in)) @ mlp.W_out @ out.W_enc).relu()
+    cfg = CircuitConfig(max_rank=3, n_eigen_store=5, n_eigen_inputs=4, min_active=10, token_batch=128,
+                        chunk_size=4, dtype="float64")
+    outputs = Outputs("sae", output_directions(out.W_enc), sae=out)
+    tables = analyse_layer(mlp, sae(dec), outputs, _batches(x, sae(dec), acts, 250), cfg, layer=1,
+                           input_site="mlp_in")
+    eigen = tables["eigen"].set_index(["out_feature", "rank"])
+    assert len(tables["eigen"]) == N_OUT * 5
+
+    # eigenvalues and energy shares lambda^2 / sum lambda^2, exactly
+    np.testing.assert_allclose(eigen.loc[f].eigenvalue.iloc[:2], [2.0, -1.2], rtol=1e-12)
+    np.testing.assert_allclose(eigen.loc[f].eigenvalue.iloc[2:], 0, atol=1e-12)
+    np.testing.assert_allclose(eigen.loc[f].energy_share, [4 / 5.44, 1.44 / 5.44, 0, 0, 0], rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(eigen.loc[h].eigenvalue.iloc[:2], [1.5, 0.5], rtol=1e-12)
+    np.testing.assert_allclose(eigen.loc[h].energy_share.iloc[:2], [2.25 / 2.5, 0.25 / 2.5], rtol=1e-12)
+
+    # activation shares: sum over active tokens of lambda_i (v_i . x)^2 over the summed activation
+    active = acts[:, f] != 0
+    total = acts[active, f].sum()
+    expected = [(2 * z[active, p] ** 2).sum() / total, (-1.2 * z[active, q] ** 2).sum() / total, 0.0]
+    np.testing.assert_allclose(eigen.loc[f].activation_share.iloc[:3], expected, rtol=1e-10, atol=1e-12)
+    assert eigen.loc[f].activation_share.iloc[3:].isna().all()  # beyond max_rank: not measured
+    assert math.isclose(eigen.loc[f].activation_share.iloc[:2].sum(), 1.0, rel_tol=1e-10)
+    active = acts[:, h] != 0
+    total = acts[active, h].sum()
+    expected = [(1.5 * (x[active] @ v1) ** 2).sum() / total, (0.5 * (x[active] @ v2) ** 2).sum() / total]
+    np.testing.assert_allclose(eigen.loc[h].activation_share.iloc[:2], expected, rtol=1e-10)
+
+    # what the eigenvectors read: the planted inputs first, with the planted cosines; each
+    # eigenvector (whose sign is arbitrary) oriented so that its first input reads positively
+    reads = tables["eigen_inputs"].set_index(["out_feature", "eigen_rank", "input_rank"])
+    for rank, planted in [(1, p), (2, q)]:
+        first = reads.loc[(f, rank, 1)]
+        assert first.in_feature == planted and math.isclose(first.cosine, 1.0, rel_tol=1e-12)
+        assert abs(reads.loc[(f, rank, 2)].cosine) < 1e-10
+    for rank, planted in [(1, [(p, 0.8), (r, -0.6)]), (2, [(r, 0.8), (p, 0.6)])]:
+        listed = [reads.loc[(h, rank, i)] for i in (1, 2)]
+        assert [int(row.in_feature) for row in listed] == [i for i, _ in planted]
+        np.testing.assert_allclose([row.cosine for row in listed], [c for _, c in planted], rtol=1e-10)
+
+    # the activation is exactly the rank-2 form on active tokens: correlation 1 at rank 2
+    corr = tables["lowrank"].pivot(index="out_feature", columns="n_eigs", values="corr_active")
+    assert corr.loc[f, 1] < 0.99
+    np.testing.assert_allclose(corr.loc[[f, h], 2], 1.0, atol=1e-12)

@@ -1,31 +1,48 @@
-"""LM training: schedule, loss going down, checkpoints, resume, clear errors."""
+"""LM training: schedule, data order, loss going down, save and reload, exact resume, bf16
+autocast, and the loss units (bits per byte, unigram entropy) by hand."""
+
+from __future__ import annotations
 
 import math
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-import pipelines.lm_training as lm_training
-from pipelines.corpus import stories_frame
-from pipelines.data import pack_corpus, split_rows
-from pipelines.lm_training import LMTrainConfig, lr_at, train_lm, unigram_entropy
-from pipelines.model import PRESETS, ModelConfig, load_model
-from pipelines.stories import StoryConfig, generate_stories
-from pipelines.tokenizer import TokenizerConfig, train_tokenizer
+import pipelines.lm.training as training
+from pipelines.data.corpus import CorpusConfig, write_story_corpus
+from pipelines.data.stories import StoryConfig
+from pipelines.data.tokenizer import TokenizerConfig, train_tokenizer
+from pipelines.data.tokens import bits_per_byte, build_token_store, unigram_entropy
+from pipelines.lm.model import PRESETS, load_model
+from pipelines.lm.training import LMTrainConfig, autocast, held_out_loss, lr_at, train_lm
+
+N_CTX = 32
 
 
 @pytest.fixture(scope="module")
-def data():
-    stories = generate_stories(StoryConfig(n_stories=400, seed=5))
-    tok = train_tokenizer([s.text for s in stories], TokenizerConfig(vocab_size=400))
-    train, held = split_rows(pack_corpus(stories_frame(stories), tok, n_ctx=32), 0.1)
-    cfg = ModelConfig(**{**PRESETS["tiny"].to_json(), "n_ctx": 32, "d_vocab": tok.get_vocab_size()})
-    return tok, train, held, cfg
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    folder = write_story_corpus(StoryConfig(n_stories=300, seed=5), root / "corpus")
+    tok = train_tokenizer(pd.read_parquet(folder / "part.parquet")["text"], TokenizerConfig(vocab_size=300))
+    store = build_token_store(str(folder), tok, N_CTX, CorpusConfig(held_out=0.1), root / "tokens")
+    cfg = PRESETS["tiny"].replace(n_ctx=N_CTX, d_vocab=tok.get_vocab_size())
+    return store, cfg
 
 
-def small_cfg(**kw):
-    return LMTrainConfig(**{"train_tokens": 16 * 32 * 12, "batch_size": 16, "lr": 1e-2,
-                            "eval_every": 4, "eval_rows": 16, "checkpoint_every": 4, **kw})
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Bitwise reproducible CPU arithmetic (and, for models this small, faster): one intra-op thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def small_cfg(**kw) -> LMTrainConfig:
+    return LMTrainConfig(**{"train_tokens": 16 * N_CTX * 12, "batch_size": 16, "lr": 1e-2, "eval_every": 4,
+                            "eval_rows": 16, "checkpoint_every": 4, **kw})
 
 
 def test_schedule():
@@ -33,33 +50,57 @@ def test_schedule():
     assert lr_at(0, 100, cfg) == pytest.approx(0.1)
     assert lr_at(9, 100, cfg) == pytest.approx(1.0)
     assert lr_at(10, 100, cfg) == pytest.approx(1.0)
+    assert lr_at(55, 100, cfg) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 45 / 90)))
     assert lr_at(100, 100, cfg) == pytest.approx(0.1)
     mids = [lr_at(s, 100, cfg) for s in range(10, 101)]
     assert all(a >= b for a, b in zip(mids, mids[1:]))
+    assert small_cfg().n_steps(N_CTX) == 12 and small_cfg(train_tokens=1).n_steps(N_CTX) == 1
 
 
-def test_unigram_entropy():
-    assert unigram_entropy(torch.arange(8).repeat(5), 16) == pytest.approx(math.log(8))
-    assert unigram_entropy(torch.zeros(10, dtype=torch.int64), 4) == pytest.approx(0.0)
+def test_batches_visit_every_row_once_per_epoch():
+    cfg = LMTrainConfig(batch_size=4, seed=2)
+    n_rows = 12  # three steps per epoch
+    draws = [training._batch(n_rows, step, cfg) for step in range(6)]
+    for epoch in (0, 1):
+        seen = torch.cat(draws[3 * epoch: 3 * epoch + 3]).sort().values
+        assert seen.tolist() == list(range(n_rows))
+    assert torch.cat(draws[:3]).tolist() != torch.cat(draws[3:]).tolist()  # each epoch its own order
+    assert all(d.tolist() == sorted(d.tolist()) for d in draws)  # rows are read in file order
+    assert training._batch(n_rows, 4, cfg).tolist() == draws[4].tolist()  # a pure function of the step
+    assert torch.cat(draws[:3]).tolist() != torch.cat([training._batch(n_rows, s, cfg.replace(seed=3))
+                                                       for s in range(3)]).tolist()
+    odd = torch.cat([training._batch(10, step, cfg) for step in range(5)])  # 20 draws of 10 rows
+    assert torch.bincount(odd, minlength=10).tolist() == [2] * 10
 
 
 def test_trains_saves_and_reloads(data, tmp_path):
-    tok, train, held, cfg = data
-    model, log = train_lm(cfg, tok, train, held, small_cfg(), tmp_path)
+    store, cfg = data
+    model, log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path)
+    assert log["step"].tolist() == [4, 8, 12]
     assert log["held_out_loss"].iloc[-1] < log["held_out_loss"].iloc[0] < math.log(cfg.d_vocab) + 0.5
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "train_log.parquet"):
+    assert log["tokens"].tolist() == [s * 16 * N_CTX for s in (4, 8, 12)]
+    for name in ("config.json", "model.safetensors", "train_log.parquet"):
         assert (tmp_path / name).is_file()
-    assert not (tmp_path / "train_state.pt").exists()
-    loaded, _ = load_model(tmp_path)
-    x = held.tokens[:2]
-    assert torch.equal(loaded(x), model(x))
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "train_log.parquet"), log)
+    loaded, loaded_cfg = load_model(tmp_path)
+    assert loaded_cfg == cfg.replace(seed=0)
+    x = store.held_out.batch(slice(0, 2))
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    # the logged held-out loss is the mean next-token cross-entropy of the first eval_rows rows
+    rows = store.held_out.batch(slice(0, 16))
+    with torch.no_grad():
+        logits = model(rows)
+    by_hand = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, cfg.d_vocab), rows[:, 1:].reshape(-1))
+    assert log["held_out_loss"].iloc[-1] == pytest.approx(float(by_hand), rel=1e-5)
+    assert held_out_loss(model, store.held_out, 16, 5) == pytest.approx(float(by_hand), rel=1e-5)
 
 
-def test_resume_matches_uninterrupted_run(data, tmp_path, monkeypatch):
-    tok, train, held, cfg = data
-    straight, _ = train_lm(cfg, tok, train, held, small_cfg(), tmp_path / "a")
+def test_resume_matches_an_uninterrupted_run(data, tmp_path, monkeypatch):
+    store, cfg = data
+    straight, straight_log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "a")
 
-    real_clip = torch.nn.utils.clip_grad_norm_
+    real_clip = training.clip_grad_norm_
     calls = {"n": 0}
 
     def crash_at_step_6(*args, **kw):
@@ -68,26 +109,80 @@ def test_resume_matches_uninterrupted_run(data, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_clip(*args, **kw)
 
-    monkeypatch.setattr(lm_training.torch.nn.utils, "clip_grad_norm_", crash_at_step_6)
+    monkeypatch.setattr(training, "clip_grad_norm_", crash_at_step_6)
     with pytest.raises(KeyboardInterrupt):
-        train_lm(cfg, tok, train, held, small_cfg(), tmp_path / "b")
-    assert torch.load(tmp_path / "b" / "train_state.pt", weights_only=False)["step"] == 4
-    monkeypatch.setattr(lm_training.torch.nn.utils, "clip_grad_norm_", real_clip)
-    with pytest.raises(ValueError, match="other training settings"):
-        train_lm(cfg, tok, train, held, small_cfg(lr=5e-3), tmp_path / "b")
-    resumed, log = train_lm(cfg, tok, train, held, small_cfg(), tmp_path / "b")
+        train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "b")
+    state = torch.load(tmp_path / "b" / training.STATE_FILE, weights_only=False)
+    assert state["step"] == 4 and [e["step"] for e in state["log"]] == [4]
+    assert not (tmp_path / "b" / "model.safetensors").exists()
+    assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]  # no temporaries
+
+    monkeypatch.setattr(training, "clip_grad_norm_", real_clip)
+    resumed, log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "b")
     assert log["step"].tolist() == [4, 8, 12]
-    x = held.tokens[:2]
-    torch.testing.assert_close(resumed(x), straight(x), atol=1e-5, rtol=1e-5)
+    for name, value in straight.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], value), name
+    for column in ("train_loss", "held_out_loss", "lr", "tokens"):
+        assert log[column].tolist() == straight_log[column].tolist(), column
+
+
+def test_state_of_another_model_is_refused(data, tmp_path, monkeypatch):
+    store, cfg = data
+    monkeypatch.setattr(training, "clip_grad_norm_", _raise_after(5))
+    with pytest.raises(KeyboardInterrupt):
+        train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="another model config"):
+        train_lm(cfg.replace(d_mlp=32), store.train, store.held_out, small_cfg(), tmp_path)
+
+
+def _raise_after(n: int):
+    calls = {"n": 0}
+    real = torch.nn.utils.clip_grad_norm_
+
+    def clip(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    return clip
+
+
+def test_bf16_autocast_runs_on_cpu(data, tmp_path):
+    store, cfg = data
+    x = store.held_out.batch(slice(0, 2))
+    model, log = train_lm(cfg, store.train, store.held_out, small_cfg(autocast="bf16"), tmp_path / "bf16")
+    with torch.no_grad(), autocast("bf16", "cpu"):
+        assert model(x).dtype == torch.bfloat16
+    with torch.no_grad(), autocast("none", "cpu"):
+        assert model(x).dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # weights stay float32
+    assert np.isfinite(log["train_loss"]).all() and np.isfinite(log["held_out_loss"]).all()
+    assert log["held_out_loss"].iloc[-1] < log["held_out_loss"].iloc[0]
+    full, full_log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "fp32")
+    # the same run in float32 ends close by, but not identically: bf16 was really used
+    assert log["held_out_loss"].iloc[-1] == pytest.approx(full_log["held_out_loss"].iloc[-1], abs=0.15)
+    assert log["train_loss"].tolist() != full_log["train_loss"].tolist()
+    bf16_loss = held_out_loss(model, store.held_out, 8, 4, "bf16")
+    assert bf16_loss == pytest.approx(held_out_loss(model, store.held_out, 8, 4), rel=0.02)
 
 
 def test_clear_errors(data, tmp_path):
-    tok, train, held, cfg = data
-    small_vocab = ModelConfig(**{**cfg.to_json(), "d_vocab": 10})
-    with pytest.raises(ValueError, match="tokenizer has"):
-        train_lm(small_vocab, tok, train, held, small_cfg(), tmp_path)
-    short = ModelConfig(**{**cfg.to_json(), "n_ctx": 16})
+    store, cfg = data
     with pytest.raises(ValueError, match="n_ctx"):
-        train_lm(short, tok, train, held, small_cfg(), tmp_path)
+        train_lm(cfg.replace(n_ctx=16), store.train, store.held_out, small_cfg(), tmp_path)
     with pytest.raises(ValueError, match="empty"):
-        train_lm(cfg, tok, train.take(slice(0, 0)), held, small_cfg(), tmp_path)
+        train_lm(cfg, store.train.head(0), store.held_out, small_cfg(), tmp_path)
+    with pytest.raises(ValueError, match="autocast"):
+        small_cfg(autocast="fp8")
+
+
+def test_bits_per_byte_and_unigram_entropy_by_hand():
+    # four tokens with counts 1, 1, 2 (and one never seen): H = 2 * 1/4 ln 4 + 1/2 ln 2
+    assert unigram_entropy(np.array([1, 1, 2, 0])) == pytest.approx(1.5 * math.log(2))
+    assert unigram_entropy(np.array([0, 7, 0])) == 0.0
+    assert unigram_entropy(np.full(8, 3)) == pytest.approx(math.log(8))
+    # 2 nats per token of 4 bytes: 2 / ln 2 bits per 4 bytes
+    assert bits_per_byte(2.0, 4.0) == pytest.approx(0.7213475204444817)
+    assert bits_per_byte(math.log(2), 1.0) == pytest.approx(1.0)

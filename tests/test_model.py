@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from pipelines.model import PRESETS, ModelConfig, build_model, load_model, save_model
+from pipelines.lm.model import PRESETS, ModelConfig, build_model, load_model, model_digest, save_model
 
 
 @pytest.fixture
@@ -75,3 +75,23 @@ def test_checkpoint_of_other_shape_is_refused(model, tmp_path):
 def test_heads_must_divide_width():
     with pytest.raises(ValueError, match="divisible"):
         build_model(ModelConfig(d_model=30, n_heads=4))
+
+
+def test_model_digest_is_content_based(model, tmp_path):
+    save_model(model, PRESETS["tiny"], tmp_path / "a")
+    save_model(model, PRESETS["tiny"], tmp_path / "b")
+    assert model_digest(tmp_path / "a") == model_digest(tmp_path / "b")
+    with torch.no_grad():
+        model.blocks[0].mlp.W_in[0, 0] += 1.0
+    save_model(model, PRESETS["tiny"], tmp_path / "b")
+    assert model_digest(tmp_path / "a") != model_digest(tmp_path / "b")
+    save_model(model, PRESETS["tiny"].replace(seed=1), tmp_path / "a")
+    assert model_digest(tmp_path / "a") != model_digest(tmp_path / "b")  # the config counts too
+
+
+def test_non_finite_weights_are_refused(model, tmp_path):
+    with torch.no_grad():
+        model.blocks[1].attn.W_O[0, 0, 0] = float("nan")
+    save_model(model, PRESETS["tiny"], tmp_path)
+    with pytest.raises(ValueError, match="W_O"):
+        load_model(tmp_path)

@@ -11,7 +11,7 @@ from sae_lens import SAE, TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.saes.sae import TrainStepInput
 from sae_lens.training.optim import get_lr_scheduler
 
-from sae.topk import TopKSAE, TopKTrainer, cosine_lr, save_sae_lens, training_losses
+from sae.topk import TopKSAE, TopKTrainer, _latent_by_token, cosine_lr, save_sae_lens, training_losses
 
 PARAMS = ("W_enc", "W_dec", "b_dec")
 
@@ -87,6 +87,16 @@ def test_sparse_gradients_equal_dense_autograd(k, dtype):
     dense = torch.zeros_like(pre).scatter(1, top.indices, top.values.relu())
     torch.testing.assert_close(sae.dense(values, indices), dense)
     assert torch.equal(indices, indices.sort(dim=1).values)
+
+
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
+def test_both_sparse_layouts_scatter_rows_alike(layout):
+    """COO serves CPUs, CSR accelerators; both are checked here on the CPU."""
+    g = torch.Generator().manual_seed(8)
+    indices = torch.randn(30, 20, generator=g).topk(5, dim=1).indices
+    weights, rows = torch.randn(30, 5, generator=g), torch.randn(30, 7, generator=g)
+    expected = torch.zeros(20, 30).scatter(0, indices.T, weights.T) @ rows
+    torch.testing.assert_close(torch.sparse.mm(_latent_by_token(indices, weights, 20, layout), rows), expected)
 
 
 @pytest.mark.parametrize("dead_share", [0.1, 0.6])  # fewer and more dead latents than k_aux

@@ -157,6 +157,13 @@ def _parquet_records(path: Path, columns: list[str]) -> Iterator[dict]:
         missing = [c for c in columns if c not in names]
         if missing:
             raise ValueError(f"corpus {file} has no column {missing[0]!r}; its columns are {names}")
+        # checked per file, so that the error names the file of a folder that holds no text
+        kind = handle.schema_arrow.field(columns[0]).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+                or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
+            raise ValueError(f"corpus {file}: column {columns[0]!r} holds {kind} values, not text")
         wanted = columns + ([SPANS_COLUMN] if SPANS_COLUMN in names else [])
         for batch in handle.iter_batches(batch_size=BATCH_DOCS, columns=wanted):
             yield from batch.to_pylist()

@@ -110,9 +110,10 @@ class Labeller:
         if self.class_channel is not None and doc_class is not None:
             out.setdefault(self.class_channel, np.zeros(n, dtype=np.int8))[:] = self._code(self.class_channel, doc_class)
         if self.lexicon:
-            source = text.lower() if self.lowercase else text
-            for match in _WORD.finditer(source):
-                label = self.lexicon.get(match.group())
+            # words are found in the text itself and lower-cased one by one: lower-casing the
+            # whole text first would shift every offset after a character such as 'İ'
+            for match in _WORD.finditer(text):
+                label = self.lexicon.get(match.group().lower() if self.lowercase else match.group())
                 if label is not None:
                     mark(LEXICON_CHANNEL, label, match.start(), match.end())
         return out

@@ -23,8 +23,12 @@ BOS, EOS, PAD, UNK = "[BOS]", "[EOS]", "[PAD]", "[UNK]"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 WORD_START = "\u2581"
 TOKENIZER_FILE = "tokenizer.json"
-# punctuation and symbol runs, digits one by one, and quotes that are not inside a word
-_SPLIT = Regex(r"[^\w\s'\u2581]+|\d|'(?!\w)|(?<!\w)'")
+# punctuation and symbol runs (with the word-start mark of a space before them), digits one
+# by one, and quotes that are not inside a word
+_SPLIT = Regex(r"\u2581?[^\w\s'\u2581]+|\d|\u2581?'(?!\w)|(?<!\w)'")
+# a space after an opening quote or bracket that starts a word, so the word keeps its
+# word-start mark ('"I am' -> '"', '▁i', '▁am', not '"', 'i'); decoded text shows that space
+_OPENING = Regex("(?<=(?:^|\\s)[\"'(\\[{\u201c\u2018])(?=\\w)")
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,7 @@ class TokenizerConfig(Config):
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
     """Train a word-start-marking BPE tokenizer (see the module docstring) on `texts`."""
-    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " ")]
+    steps = [normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " "), normalizers.Replace(_OPENING, " ")]
     if cfg.lowercase:
         steps.append(normalizers.Lowercase())
     tok = Tokenizer(models.BPE(unk_token=UNK))

@@ -88,11 +88,10 @@ VERDICT_COLUMNS = ["layer", "out_feature", "in_a", "in_b", "layer_rank", "verdic
 def round_sig(values, digits: int = DIGITS) -> np.ndarray:
     """`values` rounded to `digits` significant digits (NaN and infinities kept)."""
     x = np.array(values, dtype=np.float64, copy=True).reshape(-1)
-    ok = np.isfinite(x) & (x != 0)
+    ok = np.isfinite(x) & (np.abs(x) > 1e-290)  # zero and the tiniest values are written as they are
     v = x[ok]
     if v.size:
         shift = digits - 1 - np.floor(np.log10(np.abs(v))).astype(np.int64)
-        shift = np.clip(shift, -300, 300)
         out = np.empty_like(v)
         up = shift >= 0  # divide by an exact power of ten: the result prints as its short decimal
         out[up] = np.round(v[up] * 10.0 ** shift[up]) / 10.0 ** shift[up]
@@ -140,7 +139,20 @@ def encode_column(series: pd.Series, categorical: bool = False) -> tuple[list, l
             else:
                 out.append([None if i is None else str(i) for i in items])
         return out, None
-    return [None if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v) for v in series.astype(object)], None
+    return [_scalar(v) for v in series.astype(object)], None
+
+
+def _scalar(value):
+    """One value of an object column as JSON: null, a bool, a number or a string."""
+    if value is None or value is pd.NA:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return _floats([value])[0]
+    return str(value)
 
 
 def encode_table(df: pd.DataFrame | None, columns: list[str] | None = None, categories=()) -> dict | None:
@@ -158,13 +170,15 @@ def encode_table(df: pd.DataFrame | None, columns: list[str] | None = None, cate
 
 
 def decode_table(table: dict | None) -> pd.DataFrame | None:
-    """The inverse of `encode_table` (for tests and tools): a data frame, nulls as None/NaN."""
+    """The inverse of `encode_table` (for tests and tools): a data frame of the JSON values
+    as they are (object columns, nulls as None)."""
     if table is None:
         return None
     data = {}
     for c, values in table["columns"].items():
         labels = table["categories"].get(c)
-        data[c] = [None if v < 0 else labels[v] for v in values] if labels is not None else values
+        values = [None if v < 0 else labels[v] for v in values] if labels is not None else values
+        data[c] = pd.Series(values, dtype=object, index=range(table["n"]))
     return pd.DataFrame(data, index=range(table["n"]))
 
 

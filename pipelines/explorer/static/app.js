@@ -586,7 +586,7 @@
     const fi = featureIndex(F);
     const head = featureHead(fi, layer, site, f);
     document.title = `L${layer} in #${f}: ${head.row ? head.row.description || "" : ""}`;
-    let builds = `<h2 id="builds">Output features it helps build</h2>`;
+    let builds = `<h2>Output features it helps build</h2>`;
     const it = T(C && C.interactions);
     if (!it) builds += missingNote("interactions");
     else {
@@ -598,7 +598,7 @@
         [outLink(layer, r.out_feature, fi, 50), esc(r.kind), r.kind === "cross" ? inLink(layer, r.in_a === f ? r.in_b : r.in_a, fi, 30) : "–",
           fmt(r.coefficient), r.rank]), "builds") + `</div>` : '<p class="note">It appears in no stored interaction.</p>';
     }
-    let reads = `<h2 id="read-by">Eigenvectors that read it</h2>`;
+    let reads = `<h2>Eigenvectors that read it</h2>`;
     const ei = T(C && C.eigen_inputs);
     if (!ei) reads += missingNote("eigen_inputs");
     else {
@@ -606,7 +606,7 @@
       reads += rows.length ? `<div class="scroll">` + tableHtml(["!output feature", "eigenvector", "cosine"], rows.slice(0, 50).map((r) =>
         [outLink(layer, r.out_feature, fi, 50), "v" + r.eigen_rank, fmt(r.cosine)]), "reads") + `</div>` : '<p class="note">No stored eigenvector reads it.</p>';
     }
-    let gates = `<h2 id="in-gates">Gate candidates with it</h2>`;
+    let gates = `<h2>Gate candidates with it</h2>`;
     const g = T(C && C.gates);
     if (!g) gates += missingNote("gates");
     else {
@@ -620,7 +620,7 @@
     main.innerHTML = `<div class="page-head"><h1>Layer ${layer} &middot; input feature #${f}</h1>${pager("in", layer, f, n)}</div>
       <p class="note">Site ${esc(site)}: a feature of the input SAE the circuits are read in.</p>
       <section id="feature" data-layer="${layer}" data-feature="${f}">${head.html}${labelSection(fi, site, f)}</section>
-      ${builds}${reads}${gates}`;
+      <section id="builds">${builds}</section><section id="read-by">${reads}</section><section id="in-gates">${gates}</section>`;
   }
 
   // ------------------------------------------------------------------ layer page
@@ -705,7 +705,6 @@
     contentAt = null;
     main.dataset.ready = "0";
     const { parts, params } = parseHash();
-    if (parts[0] === "out" || parts[0] === "layer") needPlotly();  // in parallel with the page's data
     const wanted = params.get("in");
     state.site = wanted && meta.input_sites.indexOf(wanted) >= 0 ? wanted : meta.input_sites[0] || "resid_mid";
     renderHeader();
@@ -722,17 +721,18 @@
     if (token !== state.routeToken) return;
     const done = performance.now();
     const ms = done - t0, content = (contentAt || done) - t0;
-    timings.push({ route: location.hash || "#/", ms, content });
+    // ms: from the route's start; at: since the document started loading (for a first page)
+    timings.push({ route: location.hash || "#/", ms, content, at: done });
     main.dataset.renderMs = ms.toFixed(1);
     main.dataset.contentMs = content.toFixed(1);
     main.dataset.ready = "1";
-    if (!parts.length) {
-      // the feature pages need Plotly: load it while the reader looks at the index
+    if (!window.Plotly && meta.plotly) {
+      // output feature and layer pages need Plotly, whose start-up takes about a second:
+      // start it while the reader looks at a page without plots
       const later = window.requestIdleCallback || ((fn) => setTimeout(fn, 200));
       setTimeout(() => later(() => needPlotly(), { timeout: 2000 }), 1000);
-      return;
     }
-    window.scrollTo(0, 0);
+    if (parts.length) window.scrollTo(0, 0);
   }
 
   window.addEventListener("hashchange", route);

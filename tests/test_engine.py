@@ -1,0 +1,306 @@
+"""The run engine: atomic writes, content digests and their cache, stamps, the run lock, tables."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import pipelines.engine.files as files
+from pipelines.engine import stamps
+from pipelines.engine.files import (atomic_dir, atomic_file, clean_temporaries, digest, read_json, remove,
+                                    text_digest, write_json)
+from pipelines.engine.lock import LOCK_FILE, RunBusyError, run_lock
+from pipelines.engine.paths import RunPaths
+from pipelines.engine.stamps import Stamp
+from pipelines.engine.tables import has_table, provenance, read_table, table_path, write_table
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def names(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+# ------------------------------------------------------------------ atomic writes
+
+
+def test_atomic_file_keeps_the_old_content_on_an_error(tmp_path):
+    path = tmp_path / "out.json"
+    path.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_file(path) as tmp:
+            assert tmp.parent == tmp_path and tmp.name.startswith(".") and tmp.name.endswith(".tmp")
+            tmp.write_text("half of the new")
+            raise RuntimeError("killed")
+    assert path.read_text() == "old" and names(tmp_path) == ["out.json"]
+    with atomic_file(path) as tmp:
+        tmp.write_text("new")
+        assert path.read_text() == "old"  # replaced only at the end
+    assert path.read_text() == "new" and names(tmp_path) == ["out.json"]
+    with atomic_file(tmp_path / "sub" / "deep.txt") as tmp:  # parents are made
+        tmp.write_text("x")
+    assert (tmp_path / "sub" / "deep.txt").read_text() == "x"
+
+
+def test_atomic_dir_keeps_the_old_folder_on_an_error(tmp_path):
+    folder = tmp_path / "store"
+    folder.mkdir()
+    (folder / "a.txt").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_dir(folder) as tmp:
+            assert list(tmp.iterdir()) == []
+            (tmp / "b.txt").write_text("new")
+            raise KeyboardInterrupt
+    assert names(tmp_path) == ["store"] and names(folder) == ["a.txt"] and (folder / "a.txt").read_text() == "old"
+    with atomic_dir(folder) as tmp:
+        (tmp / "b.txt").write_text("new")
+    assert names(tmp_path) == ["store"] and names(folder) == ["b.txt"]
+    with atomic_dir(tmp_path / "fresh") as tmp:
+        (tmp / "c.txt").write_text("c")
+    assert names(tmp_path / "fresh") == ["c.txt"]
+
+
+def test_clean_temporaries_removes_only_what_killed_writers_left(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".out.json.0123456789ab.tmp").write_text("half")
+    (tmp_path / "sub" / ".table.parquet.abcdef012345.tmp").write_text("half")
+    (tmp_path / ".store.abcdef012345.tmp").mkdir()
+    (tmp_path / ".store.abcdef012345.tmp" / "rows.bin").write_bytes(b"x")
+    keep = ["keep.tmp", ".lock", "out.json"]
+    for name in keep:
+        (tmp_path / name).write_text("keep")
+    assert clean_temporaries(tmp_path) == 3
+    assert names(tmp_path) == sorted(keep + ["sub"]) and names(tmp_path / "sub") == []
+
+
+def test_remove_json_and_text_helpers(tmp_path):
+    write_json(tmp_path / "a.json", {"b": [1, 2], "a": None})
+    assert read_json(tmp_path / "a.json") == {"a": None, "b": [1, 2]}
+    (tmp_path / "bad.json").write_text("{not json")
+    assert read_json(tmp_path / "bad.json") is None and read_json(tmp_path / "none.json") is None
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    remove(tmp_path / "d")
+    remove(tmp_path / "a.json")
+    remove(tmp_path / "never-was")
+    assert names(tmp_path) == ["bad.json"]
+    assert text_digest({"a": 1, "b": 2}) == text_digest({"b": 2, "a": 1}) != text_digest({"a": 1, "b": 3})
+
+
+# ------------------------------------------------------------------ digests
+
+
+@pytest.fixture
+def hashing(monkeypatch, tmp_path):
+    """A fresh digest cache under tmp_path, and a count of sha256 objects made by `files`."""
+    monkeypatch.setenv("BILINEAR_CIRCUITS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(files._CACHE, "entries", None)
+
+    class Counting:
+        calls = 0
+
+        def sha256(self, *args):
+            Counting.calls += 1
+            return hashlib.sha256(*args)
+
+    counting = Counting()
+    monkeypatch.setattr(files, "hashlib", counting)
+    return counting
+
+
+def test_digest_is_content_based(tmp_path, hashing):
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    a.write_bytes(b"same bytes")
+    b.write_bytes(b"same bytes")
+    assert digest(a) == digest(b) == hashlib.sha256(b"same bytes").hexdigest()
+    b.write_bytes(b"same bytez")
+    assert digest(a) != digest(b)
+    with pytest.raises(FileNotFoundError, match="nothing"):
+        digest(tmp_path / "nothing")
+
+
+def test_folder_digest_ignores_hidden_files_and_depends_on_relative_names(tmp_path, hashing):
+    def folder(name: str, files_: dict[str, bytes]) -> Path:
+        root = tmp_path / name
+        for rel, data in files_.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_bytes(data)
+        return root
+
+    base = {"x.bin": b"1", "sub/y.bin": b"2"}
+    one = folder("one", base)
+    two = folder("elsewhere/two", {**base, ".lock": b"pid", ".x.bin.abc.tmp": b"half", ".hidden/z.bin": b"3",
+                                   "stamp.json": b"{}"})
+    assert digest(one) == digest(two, ignore=("stamp.json",))
+    assert digest(one) != digest(two)
+    assert digest(one) != digest(folder("renamed", {"x.bin": b"1", "sub/w.bin": b"2"}))
+    assert digest(one) != digest(folder("moved", {"x.bin": b"1", "y.bin": b"2"}))
+    assert digest(one) != digest(folder("changed", {"x.bin": b"1", "sub/y.bin": b"3"}))
+    (one / "empty").mkdir()
+    assert digest(one) == digest(folder("again", base))  # empty folders hold no content
+
+
+def test_digest_cache_is_hit_and_invalidated(tmp_path, hashing):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"x" * 1000)
+    first = digest(path)
+    assert hashing.calls == 1
+    assert digest(path) == first and hashing.calls == 1  # from the cache
+    files._CACHE.entries = None  # a new process: the cache file answers
+    assert digest(path) == first and hashing.calls == 1
+    assert json.loads((tmp_path / "cache" / "bilinear-circuits" / "digests.json").read_text())
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # touched: hashed again
+    assert digest(path) == first and hashing.calls == 2
+    with open(path, "r+b") as handle:  # same size, other bytes, new mtime
+        handle.write(b"y")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000))
+    changed = digest(path)
+    assert changed != first and hashing.calls == 3
+    path.write_bytes(b"x" * 1001)  # other size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000))
+    assert digest(path) not in (first, changed) and hashing.calls == 4
+
+
+# ------------------------------------------------------------------ stamps
+
+
+def test_stamps(tmp_path):
+    path = tmp_path / ".stamps" / "train-saes.json"
+    stamp = Stamp("train-saes", {"model": "m1", "tokens": "t1"}, {"k": 8, "sites": ("resid_mid", "mlp_out")})
+    assert not stamps.is_current(path, stamp) and stamps.changes(path, stamp) == []
+    stamps.finish(path, stamp)
+    assert stamps.is_current(path, stamp)
+    # saved through JSON: a tuple and a list, 1 and 1.0 are the same recipe
+    assert stamps.is_current(path, Stamp("train-saes", {"tokens": "t1", "model": "m1"},
+                                         {"sites": ["resid_mid", "mlp_out"], "k": 8.0}))
+    other = Stamp("train-saes", {"model": "m2", "tokens": "t1", "corpus": "c"}, {"k": 16, "sites": ("mlp_out",),
+                                                                                  "lr": 1e-3})
+    assert not stamps.is_current(path, other)
+    assert stamps.changes(path, other) == ["corpus", "model", "config.k", "config.lr", "config.sites"]
+    assert not stamps.is_current(path, Stamp("circuits", stamp.inputs, stamp.config))  # another stage
+    stamps.begin(path)
+    assert not path.exists() and not stamps.is_current(path, stamp)
+    stamps.begin(path)  # nothing to remove is fine
+    path.write_text('{"no": "stage"}')
+    assert stamps.read(path) is None and not stamps.is_current(path, stamp)
+
+
+# ------------------------------------------------------------------ the run lock
+
+
+HOLDER = """
+import sys
+from pipelines.engine.lock import run_lock
+with run_lock(sys.argv[1], sys.argv[2]):
+    print("ready", flush=True)
+    sys.stdin.readline()
+"""
+
+TRY = """
+import sys
+from pipelines.engine.lock import RunBusyError, run_lock
+try:
+    with run_lock(sys.argv[1], "try"):
+        print("took it")
+except RunBusyError as err:
+    print("busy:", err)
+"""
+
+
+def python(code: str, *args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
+
+
+def test_run_lock_refuses_a_second_process_and_names_it(tmp_path):
+    holder = python(HOLDER, str(tmp_path), "train-saes")
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(RunBusyError, match=rf"{tmp_path}.*`train-saes` \(process {holder.pid}, since"):
+            with run_lock(tmp_path, "circuits"):
+                pass
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with run_lock(tmp_path, "circuits"):  # free once the holder is gone
+        info = json.loads((tmp_path / LOCK_FILE).read_text())
+        assert info["pid"] == os.getpid() and info["stage"] == "circuits"
+        out, _ = python(TRY, str(tmp_path)).communicate(timeout=30)
+        assert out.startswith("busy:") and f"process {os.getpid()}" in out
+    out, _ = python(TRY, str(tmp_path)).communicate(timeout=30)
+    assert out.strip() == "took it"
+
+
+def test_run_lock_is_reentrant_in_process(tmp_path):
+    with run_lock(tmp_path / "run", "demo"):
+        with run_lock(tmp_path / "run", "train-lm"):
+            with run_lock(Path(os.path.relpath(tmp_path / "run")), "circuits"):  # however it is spelled
+                pass
+        assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["stage"] == "demo"
+        out, _ = python(TRY, str(tmp_path / "run")).communicate(timeout=30)
+        assert out.startswith("busy:")  # still held after the inner ones are left
+    out, _ = python(TRY, str(tmp_path / "run")).communicate(timeout=30)
+    assert out.strip() == "took it"
+
+
+# ------------------------------------------------------------------ tables and paths
+
+
+def test_tables_have_integer_layers_and_parts(tmp_path):
+    for layer in (0, 2):
+        write_table(pd.DataFrame({"feature": [1, 2], "score": [0.5, 0.25]}), tmp_path, "gates", layer=layer)
+    write_table(pd.DataFrame({"feature": [9], "score": [1.0]}), tmp_path, "gates", layer=2, part="logits")
+    assert table_path(tmp_path, "gates", 2, "logits") == tmp_path / "gates" / "layer2" / "logits.parquet"
+    assert has_table(tmp_path, "gates", 2, "logits") and not has_table(tmp_path, "gates", 1)
+    df = read_table(tmp_path, "gates")
+    assert df["layer"].dtype == "int64" and sorted(df["layer"].tolist()) == [0, 0, 2, 2, 2]
+    assert sorted(df.loc[df["layer"] == 2, "feature"]) == [1, 2, 9]
+    whole = pd.read_parquet(tmp_path / "gates")  # the folder read as one table, layer still an integer
+    assert whole["layer"].dtype == "int64" and len(whole) == 5
+    assert read_table(tmp_path, "gates", layers=[0])["layer"].tolist() == [0, 0]
+    (tmp_path / "gates" / "layer0" / ".part.parquet.abc.tmp").write_bytes(b"half")
+    (tmp_path / "gates" / "layer0" / ".hidden.parquet").write_bytes(b"half")
+    assert len(read_table(tmp_path, "gates")) == 5
+    write_table(pd.DataFrame({"a": [1]}), tmp_path, "flat")
+    assert (tmp_path / "flat" / "part.parquet").is_file() and "layer" not in read_table(tmp_path, "flat")
+    with pytest.raises(FileNotFoundError, match="no table 'absent'"):
+        read_table(tmp_path, "absent")
+
+
+def test_table_provenance_round_trips(tmp_path):
+    stamp = {"stage": "circuits", "inputs": {"model": "abc"}, "config": {"top_n": 50}}
+    path = write_table(pd.DataFrame({"x": [1]}), tmp_path, "t", layer=1, provenance=stamp)
+    assert provenance(path) == stamp
+    assert provenance(write_table(pd.DataFrame({"x": [1]}), tmp_path, "u")) is None
+    assert provenance(tmp_path / "missing.parquet") is None
+    assert pq.read_table(path).column("x").to_pylist() == [1]
+
+
+def test_table_schema_fixes_types_and_refuses_extra_columns(tmp_path):
+    schema = pa.schema([("layer", pa.int64()), ("feature", pa.int32()), ("score", pa.float32())])
+    path = write_table(pd.DataFrame({"score": [0.5], "feature": [3]}), tmp_path, "t", layer=4, schema=schema)
+    written = pq.read_schema(path)
+    assert written.names == ["layer", "feature", "score"]
+    assert [written.field(n).type for n in written.names] == [pa.int64(), pa.int32(), pa.float32()]
+    with pytest.raises(ValueError, match=r"table t has columns \['extra'\] that its schema lacks"):
+        write_table(pd.DataFrame({"feature": [1], "score": [0.1], "extra": [1]}), tmp_path, "t", layer=4,
+                    schema=schema)
+    assert pq.read_table(path).column("feature").to_pylist() == [3]  # the refused write changed nothing
+
+
+def test_run_paths_layout(tmp_path):
+    run = RunPaths(str(tmp_path))
+    assert run.root == tmp_path and run.lm == tmp_path / "lm" and run.tokens == tmp_path / "tokens"
+    assert run.sae(2, "mlp_out") == tmp_path / "saes" / "layer2_mlp_out"
+    assert run.stamp("circuits", 3, "eigen") == tmp_path / "tables" / ".stamps" / "circuits-layer3-eigen.json"
+    assert run.stamp("report") == tmp_path / "tables" / ".stamps" / "report.json"
