@@ -5,22 +5,27 @@ export HF_DATASETS_OFFLINE=1
 export HF_HUB_OFFLINE=1
 export WANDB_MODE=disabled
 
-.PHONY: install demo test reference
+.PHONY: install demo test test-fast reference
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test]' torch==2.13.0
 
 demo: install
 	python3 -m pipelines demo
 
+# everything, the end-to-end runs and the browser test (skipped without chromium) included
 test: install
 	python3 -m pytest -q
 
+# for development: leaves out the end-to-end runs marked slow
+test-fast:
+	python3 -m pytest -q -m "not slow"
+
 # Refresh the committed reference copy of the demo's tables and report (all but the
-# 3 MB interactions table, which the demo regenerates).
+# interactions table, which the demo regenerates).
 reference: demo
 	rm -rf results/reference
 	mkdir -p results/reference
 	cp -r results/demo/tables results/demo/report results/demo/demo_config.json results/reference/
-	rm -rf results/reference/tables/_stages results/reference/tables/interactions
+	rm -rf results/reference/tables/.stamps results/reference/tables/interactions

@@ -107,6 +107,9 @@ class GateStats:
         (from an earlier pass), which fixes the histogram bins."""
         self.c = candidates
         self.cross = cross
+        # padded candidates read the zero column n_in of the inputs (see `update`)
+        self.a_index = torch.where(candidates.valid, candidates.in_a, n_in)
+        self.b_index = torch.where(candidates.valid, candidates.in_b, n_in)
         device, n_out, width = cross.device, *cross.shape
         self.low = torch.minimum(min_activation, torch.zeros_like(min_activation)).double()
         high = torch.maximum(max_activation, torch.zeros_like(max_activation)).double()
@@ -127,33 +130,44 @@ class GateStats:
     @torch.no_grad()
     def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor) -> None:
         """Add tokens: input latents `z [t, n_in]`, per-token factor `scale [t]`, output
-        activations `acts [t, n_out]`."""
-        z, scale, acts = z.double(), scale.double(), acts.double()
-        on = (z != 0).double()
-        self.n_tokens += z.shape[0]
-        self.input_count += on.sum(0)
-        self.co_count += on.T @ on
+        activations `acts [t, n_out]`.
+
+        A batch is reduced in its own precision (float32 inputs: float32, exact for its
+        counts) and added to float64 totals; the `[pairs, G]` gathers dominate the cost,
+        so they read a copy of z with a zero column that padded candidates point to,
+        instead of being masked afterwards.
+        """
+        dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
+        z, scale, acts = z.to(dtype), scale.to(dtype), acts.to(dtype)
+        n_tokens, n_in = z.shape
+        n_out, width = self.cross.shape
+        on = (z != 0).to(dtype)
+        self.n_tokens += n_tokens
+        self.input_count += on.sum(0).double()
+        self.co_count += (on.T @ on).double()
         token, f = (acts != 0).nonzero(as_tuple=True)
         if token.numel() == 0:
             return
         act = acts[token, f]
-        self.active += torch.bincount(f, minlength=self.active.shape[0]).double()
-        self.act_sum.index_add_(0, f, act)
-        a, b, valid = self.c.in_a[f], self.c.in_b[f], self.c.valid[f]  # [p, G]
-        za, zb = z[token[:, None], a], z[token[:, None], b]
-        za, zb = za * valid, zb * valid
-        contribution = self.cross[f] * za * zb * scale[token, None]
-        self.contribution.index_add_(0, f, contribution)
+        self.active += torch.bincount(f, minlength=n_out).double()
+        self.act_sum.index_add_(0, f, act.double())
+        padded = torch.cat([z, z.new_zeros(n_tokens, 1)], 1).reshape(-1)
+        row = token[:, None] * (n_in + 1)
+        za, zb = padded[row + self.a_index[f]], padded[row + self.b_index[f]]  # [p, G]
+        contribution = self.cross.to(dtype)[f] * za * zb * scale[token, None]
+        batch = dict(dtype=dtype, device=z.device)
+        self.contribution += torch.zeros(n_out, width, **batch).index_add_(0, f, contribution).double()
         a_on, b_on = za != 0, zb != 0
-        self.both.index_add_(0, f, (a_on & b_on).double())
+        self.both += torch.zeros(n_out, width, **batch).index_add_(0, f, (a_on & b_on).to(dtype)).double()
         cell = 2 * (~a_on).long() + (~b_on).long()  # [p, G]
-        width = cell.shape[1]
-        flat = (f[:, None] * width + torch.arange(width, device=f.device)) * 4 + cell  # [p, G]
-        weight = valid.double()
-        self.cell_sum.view(-1).index_add_(0, flat.reshape(-1), (act[:, None] * weight).reshape(-1))
-        self.cell_active.view(-1).index_add_(0, flat.reshape(-1), weight.reshape(-1))
-        bins = ((act - self.low[f]) / self.width[f]).long().clamp(0, self.n_bins - 1)  # [p]
-        self.histogram.index_add_(0, (flat * self.n_bins + bins[:, None]).reshape(-1), weight.reshape(-1))
+        flat = ((f[:, None] * width + torch.arange(width, device=f.device)) * 4 + cell).reshape(-1)
+        size = n_out * width * 4
+        self.cell_sum.view(-1).add_(torch.zeros(size, **batch).index_add_(
+            0, flat, act[:, None].expand(-1, width).reshape(-1)).double())
+        self.cell_active.view(-1).add_(torch.bincount(flat, minlength=size).double())
+        bins = ((act.double() - self.low[f]) / self.width[f]).long().clamp(0, self.n_bins - 1)  # [p]
+        self.histogram.add_(torch.bincount((flat.view(-1, width) * self.n_bins + bins[:, None]).reshape(-1),
+                                           minlength=size * self.n_bins).double())
 
     def cell_counts(self) -> torch.Tensor:
         """Tokens per cell `[n_out, G, 4]`, over all tokens (from input co-occurrence)."""

@@ -6,7 +6,8 @@ Tables (columns and types in `circuits.tables`):
 - `gates`: per output, candidate AND-gate pairs with the weight-only score and, for outputs
   that are SAE features and given tokens, what each pair contributes on data
   (`circuits.gates`), ranked per layer by that contribution;
-- `gate_truth`: truth tables of each layer's best `n_truth` data-ranked candidates;
+- `gate_truth`: truth tables of the layer's best `n_truth` data-ranked candidates (by
+  default every output's best pair);
 - `eigen`: per output, the largest eigenvalues of its interaction matrix, each with its
   share of the spectrum's energy and, on active tokens, of the output's activation;
 - `eigen_inputs`: for each top eigenvector, the input features whose MLP-input directions
@@ -57,7 +58,8 @@ class CircuitConfig(Config):
     top_n: int = option(50, "interactions kept per output feature and kind (self, cross, linear), by |coefficient|", low=1)
     n_gates: int = option(20, "weight-ranked AND-gate pairs kept per output feature", low=1)
     n_coactive: int = option(8, "inputs most often active with an output whose pairs also become gate candidates", low=2)
-    n_truth: int = option(8, "best data-ranked gate candidates per layer with a truth table", low=0)
+    n_truth: int = option(4096, "best data-ranked gate candidates per layer (one per output) with a truth table", low=0)
+    n_ablate: int = option(8, "best data-ranked gate candidates per layer whose inputs are ablated in the model", low=0)
     truth_quantile: float = option(0.9, "upper quantile of the output's activation shown per truth-table cell", low=0.0, high=1.0)
     n_bins: int = option(64, "histogram bins per truth-table cell (the quantile's resolution)", low=2)
     max_rank: int = option(8, "largest rank r of the low-rank approximations that are correlated", low=1)

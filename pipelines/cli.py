@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="demo",
                    help="model shape: tiny (tests), demo, paper (6 layers, d_model 512) (default: %(default)s)")
     p.add_argument("--force", action="store_true", help="replace a model in OUT/lm trained on other inputs")
-    add_config(p, ModelConfig, skip=("d_vocab", "seed"))
+    add_config(p, ModelConfig, skip=("d_vocab", "seed"), default_text="the preset's")
     add_config(p, LMTrainConfig)
     add_config(p, TokenizerConfig)
     p.set_defaults(func=cmd_train_lm)
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.engine.lock import RunBusyError, run_lock
 
     try:
-        if args.threads:
+        if getattr(args, "threads", 0):
             import torch
 
             torch.set_num_threads(args.threads)

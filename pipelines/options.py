@@ -21,18 +21,25 @@ def flag(name: str, rename: dict[str, str] | None = None) -> str:
 
 def add_config(parser: argparse.ArgumentParser, cls: type[Config], only: tuple[str, ...] | None = None,
                skip: tuple[str, ...] = (), rename: dict[str, str] | None = None,
-               defaults: Config | None = None) -> None:
-    """Add one option per field of `cls`; `defaults` (a config) changes the shown defaults."""
+               default_text: str | None = None) -> None:
+    """Add one option per field of `cls`; `default_text` replaces the shown defaults (for
+    fields whose default comes from elsewhere, such as a preset)."""
     hints = typing.get_type_hints(cls)
-    base = defaults or cls()
+    base = cls()
     group = parser.add_argument_group(cls.__doc__.splitlines()[0].rstrip(".").lower() if cls.__doc__ else cls.__name__)
     for f in dataclasses.fields(cls):
         if f.name in skip or (only is not None and f.name not in only):
             continue
         kind = _scalar(hints[f.name])
         default = getattr(base, f.name)
-        shown = "scaled, see help above" if default is None else default
-        help_text = f"{f.metadata.get('doc', '')} (default: {shown})".replace("%", "%%")
+        doc = f.metadata.get("doc", "")
+        if default_text is not None:
+            help_text = f"{doc} (default: {default_text})"
+        elif default is None and "default" in doc:
+            help_text = doc  # the documentation says what None means
+        else:
+            help_text = f"{doc} (default: {'none' if default is None else default})"
+        help_text = help_text.replace("%", "%%")
         name = flag(f.name, rename)
         dest = f"{cls.__name__}.{f.name}"
         if kind is bool:

@@ -52,6 +52,9 @@ WORK_STAMP = ".work.json"  # stamp of an unfinished training run in the same fol
 CORPUS_FILE = "corpus.json"  # in lm/: the corpus the model was trained on, for later stages' defaults
 SUMMARY_FILE = "summary.json"  # in lm/: held-out loss, bits per byte, behaviour
 SAE_CHECKPOINT_STAMP = ".checkpoint.json"
+# written into the stamps of the table stages: tables of an older format are recomputed
+TABLE_FORMAT = 2
+ABLATION_ROWS = 256  # held-out rows searched for tokens where a candidate's inputs are both active
 METRICS_TABLE = "sae_metrics"
 SAE_METRICS_SCHEMA_COLUMNS = ["layer", "site", "hook", "d_in", "d_sae", "k", "train_tokens", "eval_tokens", "nmse",
                               "l0", "dead_fraction", "loss_clean", "loss_patched", "loss_added"]
@@ -383,10 +386,11 @@ def output_sets(specs: list[str], basis: str, inputs: ModelInputs, mlp: MLPWeigh
 def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], cfg: CircuitConfig,
                     corr_rows: int, sae_paths: dict[int, tuple[Path, Path | None]] | None = None,
                     input_site: str = "resid_mid", outputs: tuple[str, ...] = ("sae",), output_basis: str = "encoder",
-                    allow_hookless: bool = False, n_ablation_rows: int = 256) -> list[str]:
+                    allow_hookless: bool = False) -> list[str]:
     """Circuit tables of each layer and output set not yet current; returns those computed."""
     from pipelines.analysis.ablation import gate_ablations
     from pipelines.analysis.features import boosted_token_ids
+    from pipelines.analysis.verdicts import best_candidates
 
     held_digest = tokens_digest(store.held_out)
     done = []
@@ -399,7 +403,7 @@ def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layer
             stamp = Stamp("circuits", {
                 "model": inputs.digest, "held_out_tokens": held_digest, "sae_in": digest(saes.sae_in.path),
                 "outputs": digest(saes.sae_out.path) if spec == "sae" else text_digest(spec, _spec_file_digest(spec)),
-            }, {"circuits": cfg.recipe(), "corr_rows": corr_rows, "input_site": saes.input_site,
+            }, {"format": TABLE_FORMAT, "circuits": cfg.recipe(), "corr_rows": corr_rows, "input_site": saes.input_site,
                 "outputs": spec, "output_basis": output_basis})
             names = CIRCUIT_TABLES + (ACTIVE_TABLES if spec == "sae" else ()) + (("hosvd",) if spec == "hosvd" else ())
             marker = run.stamp("circuits", layer, part)
@@ -414,13 +418,43 @@ def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layer
             if out.sae is not None:
                 boosted = boosted_token_ids(model, out.sae.W_dec, inputs.tokenizer, inputs.untrained)
                 tables["gate_ablation"] = gate_ablations(
-                    model, layer, saes, mlp, out, tables["gates"], boosted, store.held_out,
-                    min(corr_rows, n_ablation_rows), cfg.n_truth)
+                    model, layer, saes, mlp, out, best_candidates(tables["gates"], cfg.n_ablate), boosted,
+                    store.held_out, min(corr_rows, ABLATION_ROWS)).assign(outputs=out.name, input_site=saes.input_site)
             for name, frame in tables.items():
                 write_table(frame, run.tables, name, layer, SCHEMAS[name], part=part, provenance=stamp.to_json())
             stamps.finish(marker, stamp)
             done.append(f"layer {layer} {part}")
     return done
+
+
+def ensure_ablations(run: RunPaths, inputs: ModelInputs, store: TokenStore, candidates: pd.DataFrame,
+                     corr_rows: int, input_site: str = "resid_mid") -> pd.DataFrame:
+    """Ablations of given gate candidates (rows of the gates table) that the layer's
+    gate_ablation table lacks, added to it; returns the rows of all the candidates."""
+    from pipelines.analysis.ablation import gate_ablations
+    from pipelines.analysis.features import boosted_token_ids
+
+    part = _part_name(input_site, "sae", "encoder")
+    found = []
+    for layer, chosen in candidates.groupby("layer"):
+        path = table_path(run.tables, "gate_ablation", layer, part)
+        done = pd.read_parquet(path) if path.is_file() else pd.DataFrame(columns=SCHEMAS["gate_ablation"].names)
+        keys = set(zip(done["out_feature"], done["in_a"], done["in_b"]))
+        todo = chosen[[(f, a, b) not in keys for f, a, b in zip(chosen["out_feature"], chosen["in_a"], chosen["in_b"])]]
+        if len(todo):
+            saes = layer_saes(run, inputs, int(layer), None, input_site, True)
+            mlp = from_hooked_transformer(inputs.model, int(layer))
+            out = output_sets(["sae"], "encoder", inputs, mlp, saes, CircuitConfig())[0]
+            boosted = boosted_token_ids(inputs.model, out.sae.W_dec, inputs.tokenizer, inputs.untrained)
+            new = gate_ablations(inputs.model, int(layer), saes, mlp, out, todo, boosted, store.held_out,
+                                 min(corr_rows, ABLATION_ROWS))
+            done = pd.concat([done, new.assign(outputs="sae", input_site=saes.input_site)], ignore_index=True)
+            write_table(done, run.tables, "gate_ablation", int(layer), SCHEMAS["gate_ablation"], part=part,
+                        provenance=provenance(path))
+        sel = [(f, a, b) in set(zip(chosen["out_feature"], chosen["in_a"], chosen["in_b"]))
+               for f, a, b in zip(done["out_feature"], done["in_a"], done["in_b"])]
+        found.append(done[sel])
+    return pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=SCHEMAS["gate_ablation"].names)
 
 
 def _part_name(input_site: str, spec: str, basis: str) -> str:
@@ -475,7 +509,7 @@ def ensure_features(run: RunPaths, inputs: ModelInputs, store: TokenStore, layer
         saes = _feature_saes(run, inputs, layer, sites, (sae_paths or {}).get(layer), allow_hookless)
         stamp = Stamp("features", {"model": inputs.digest, "held_out": held_out_digest(store),
                                    **{point_name(p): digest(s.path) for p, s in saes.items()}},
-                      {"features": cfg.recipe(), "seed": seed})
+                      {"format": TABLE_FORMAT, "features": cfg.recipe(), "seed": seed})
         marker = run.stamp("features", layer)
         if stamps.is_current(marker, stamp) and has_table(run.tables, "features", layer):
             continue

@@ -265,13 +265,19 @@ def test_every_candidate_statistic_matches_brute_force(site):
         by_weights = sorted(((2 * Qt[f, i, j] - Qt[f, i, i].abs() - Qt[f, j, j].abs()).item(), i, j)
                             for i in range(n_in) for j in range(i + 1, n_in))[::-1][:5]
         assert list(zip(weight_pairs.in_a, weight_pairs.in_b)) == [(i, j) for _, i, j in by_weights]
-    # data ranks: by contribution_share within each output, among pairs seen often enough
-    usable = gates[(gates.n_active >= 3) & (gates.coactivation * gates.n_active >= 3)]
+    # data ranks: by gate_score = contribution_share * and_data within each output, among pairs
+    # seen together and apart on at least min_active tokens each
+    usable = gates[(gates.n_active >= 3) & ((gates.coactivation * gates.n_active).round() >= 3)
+                   & (gates.n_a_only >= 3) & (gates.n_b_only >= 3) & gates.and_data.notna()]
+    assert len(usable) > 0
     for f, mine in usable.groupby("out_feature"):
-        best = mine.loc[mine.contribution_share.idxmax()]
-        assert best.data_rank == 1
-    layer_best = gates[gates.data_rank == 1].sort_values("contribution_share", ascending=False)
+        score = mine.contribution_share * mine.and_data.clip(0, 1)
+        np.testing.assert_allclose(mine.gate_score, score, rtol=1e-12)
+        first = mine[mine.data_rank == 1]
+        assert len(first) == 1 and first.gate_score.iloc[0] == pytest.approx(score.max(), rel=1e-12)  # ties: either
+    layer_best = gates[gates.data_rank == 1].sort_values("layer_rank")
     assert layer_best.layer_rank.tolist() == list(range(1, len(layer_best) + 1))
+    assert layer_best.gate_score.is_monotonic_decreasing
     assert (gates[~gates.index.isin(usable.index)].data_rank.isna()).all()
 
 
@@ -379,24 +385,27 @@ def test_gate_stats_updates_in_any_split_agree_with_one_update():
 
 def test_min_active_threshold_is_inclusive_for_coactive_tokens():
     """An output active on 22 tokens with the pair (a, b) both on in exactly min_active = 15
-    of them is ranked (15/22*22 is 14.999... in floating point)."""
+    of them, and each input alone on 15 more, is ranked (15/22*22 is 14.999... in floating
+    point)."""
     gen = torch.Generator().manual_seed(5)
     dec, enc = signed_basis(4, D, gen), signed_basis(1, D, gen)
     a, b, c, e = 0, 1, 2, 3
     mlp = mlp_from_units([(dec[a], dec[b], enc[0]), (dec[c], dec[e], enc[0])])  # z_a z_b + z_c z_e
-    on = torch.zeros(40, 4, dtype=torch.bool)
+    on = torch.zeros(60, 4, dtype=torch.bool)
     on[:15, [a, b]] = True  # (a, b) both on: 15 tokens
     on[15:22, [c, e]] = True  # (c, e) both on: 7 more tokens where the output fires
-    on[22:30, a] = True
-    z = (0.5 + torch.rand(40, 4, generator=gen, dtype=F64)) * on
+    on[22:37, a] = True  # a alone
+    on[37:52, b] = True  # b alone
+    z = (0.5 + torch.rand(60, 4, generator=gen, dtype=F64)) * on
     x = z @ dec
     sae_out = identity_sae(enc)
     acts = (mlp_forward(mlp, x) @ sae_out.W_enc).relu()
     assert int((acts[:, 0] != 0).sum()) == 22
-    scale = torch.ones(40, dtype=F64)
+    scale = torch.ones(60, dtype=F64)
     gates = run(mlp, identity_sae(dec), sae_out, (x, z, scale, acts), "mlp_in", min_active=15)["gates"]
     g = gate_row(gates, 0, a, b)
     assert g.n_active == 22 and g.coactivation * g.n_active == pytest.approx(15)
+    assert (g.n_both, g.n_a_only, g.n_b_only) == (15, 15, 15)
     assert g.data_rank == 1 and g.layer_rank == 1
     # one co-active token fewer than min_active: not ranked
     gates = run(mlp, identity_sae(dec), sae_out, (x, z, scale, acts), "mlp_in", min_active=16)["gates"]

@@ -33,11 +33,10 @@ COLUMNS = ["layer", "out_feature", "in_a", "in_b", "layer_rank", "ablated", "n_t
 
 
 @torch.no_grad()
-def gate_ablations(model, layer: int, saes, mlp: MLPWeights, outputs: Outputs, gates: pd.DataFrame,
-                   boosted: dict[int, list[int]], rows: TokenRows, n_rows: int, n_top: int,
-                   batch_rows: int = 32) -> pd.DataFrame:
-    """One row per (candidate, ablation) for the layer's `n_top` best data-ranked candidates."""
-    chosen = gates[gates["layer_rank"].notna() & (gates["layer_rank"] <= n_top)].sort_values("layer_rank")
+def gate_ablations(model, layer: int, saes, mlp: MLPWeights, outputs: Outputs, chosen: pd.DataFrame,
+                   boosted: dict[int, list[int]], rows: TokenRows, n_rows: int, batch_rows: int = 32) -> pd.DataFrame:
+    """One row per (candidate, ablation) for the `chosen` rows of the layer's gates table,
+    on the tokens of the first `n_rows` rows where both inputs are active."""
     if chosen.empty or outputs.sae is None:
         return pd.DataFrame(columns=COLUMNS)
     sae_in, sae_out = saes.sae_in.weights, outputs.sae
@@ -71,7 +70,7 @@ def gate_ablations(model, layer: int, saes, mlp: MLPWeights, outputs: Outputs, g
                 row = torch.stack([where.sum().double(), before["act"].sum(), after["act"].sum(), before["pre"].sum(),
                                    after["pre"].sum(), predicted.double().sum(), before["logprob"].sum(),
                                    after["logprob"].sum()])
-                key = (f, a, b, int(g.layer_rank), ablated)
+                key = (f, a, b, int(g.layer_rank) if pd.notna(g.layer_rank) else -1, ablated)
                 totals[key] = totals.get(key, 0) + row.cpu()
     records = []
     for (f, a, b, rank, ablated), t in totals.items():

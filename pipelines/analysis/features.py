@@ -114,33 +114,48 @@ def boosted_token_ids(model, W_dec: torch.Tensor, tok: Tokenizer, untrained: np.
 
 
 class _Best:
-    """Per feature, the `m` entries with the highest score seen so far."""
+    """Per feature, the `m` entries with the highest score seen so far; given groups (the
+    documents of the tokens), at most one entry per group, its best."""
 
     def __init__(self, n_features: int, m: int):
         self.m = m
         self.score = torch.full((n_features, m), float("-inf"))
         self.value = torch.zeros(n_features, m)
         self.index = torch.full((n_features, m), -1, dtype=torch.long)
+        self.group = torch.full((n_features, m), -1, dtype=torch.long)
 
-    def add(self, feature: torch.Tensor, score: torch.Tensor, value: torch.Tensor, index: torch.Tensor) -> None:
+    def add(self, feature: torch.Tensor, score: torch.Tensor, value: torch.Tensor, index: torch.Tensor,
+            group: torch.Tensor | None = None) -> None:
         n = self.score.shape[0]
-        order = torch.argsort(score, descending=True)
-        feature, score, value, index = feature[order], score[order], value[order], index[order]
-        order = torch.argsort(feature, stable=True)
-        feature, score, value, index = feature[order], score[order], value[order], index[order]
-        counts = torch.bincount(feature, minlength=n)
-        rank = torch.arange(len(feature)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        kept = self.index.reshape(-1) >= 0
+        old_feature = torch.arange(n).repeat_interleave(self.m)[kept]
+        dedupe = group is not None
+        group = torch.zeros_like(index) if group is None else group
+        f = torch.cat([old_feature, feature])
+        s = torch.cat([self.score.reshape(-1)[kept], score])
+        v = torch.cat([self.value.reshape(-1)[kept], value])
+        i = torch.cat([self.index.reshape(-1)[kept], index])
+        g = torch.cat([self.group.reshape(-1)[kept], group])
+        # sorted by feature, then group, then score descending
+        order = torch.argsort(s, descending=True)
+        order = order[torch.argsort(g[order], stable=True)]
+        order = order[torch.argsort(f[order], stable=True)]
+        f, s, v, i, g = f[order], s[order], v[order], i[order], g[order]
+        first = torch.ones_like(f, dtype=torch.bool)
+        first[1:] = (f[1:] != f[:-1]) | (g[1:] != g[:-1])
+        if not dedupe:
+            first[:] = True
+        f, s, v, i, g = f[first], s[first], v[first], i[first], g[first]
+        order = torch.argsort(s, descending=True)
+        order = order[torch.argsort(f[order], stable=True)]
+        f, s, v, i, g = f[order], s[order], v[order], i[order], g[order]
+        counts = torch.bincount(f, minlength=n)
+        rank = torch.arange(len(f)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
         keep = rank < self.m
-        new_score = torch.full((n, self.m), float("-inf"))
-        new_value, new_index = torch.zeros(n, self.m), torch.full((n, self.m), -1, dtype=torch.long)
-        new_score[feature[keep], rank[keep]] = score[keep]
-        new_value[feature[keep], rank[keep]] = value[keep]
-        new_index[feature[keep], rank[keep]] = index[keep]
-        merged = torch.cat([self.score, new_score], 1)
-        best = merged.topk(self.m, dim=1).indices
-        self.score = merged.gather(1, best)
-        self.value = torch.cat([self.value, new_value], 1).gather(1, best)
-        self.index = torch.cat([self.index, new_index], 1).gather(1, best)
+        for name, source, fill in (("score", s, float("-inf")), ("value", v, 0.0), ("index", i, -1), ("group", g, -1)):
+            table = torch.full((n, self.m), fill, dtype=source.dtype)
+            table[f[keep], rank[keep]] = source[keep]
+            setattr(self, name, table)
 
 
 class _Tracker:
@@ -153,7 +168,7 @@ class _Tracker:
         self.max = torch.full((n_features,), float("-inf"))
         self.token_mass = torch.zeros(n_features * d_vocab)
         self.d_vocab = d_vocab
-        self.top = _Best(n_features, 4 * cfg.n_contexts)  # spare slots: several may share a document
+        self.top = _Best(n_features, cfg.n_contexts)  # one context per document
         self.sample = _Best(n_features, max(8 * cfg.n_samples, 1))
         self.classes = classes
         self.mass = {c: torch.zeros(n_features, len(v), dtype=torch.float64) for c, v in classes.items()}
@@ -161,8 +176,9 @@ class _Tracker:
         self.n_tokens = 0
 
     def update(self, acts: torch.Tensor, flat: torch.Tensor, token_ids: torch.Tensor,
-               labels: dict[str, torch.Tensor]) -> None:
-        """acts `[t, n_features]` at corpus positions `flat [t]` with ids `token_ids [t]`."""
+               labels: dict[str, torch.Tensor], documents: torch.Tensor | None = None) -> None:
+        """acts `[t, n_features]` at corpus positions `flat [t]` with ids `token_ids [t]` in
+        `documents [t]`."""
         acts = acts.float().cpu()
         self.n_tokens += acts.shape[0]
         token, feature = acts.nonzero(as_tuple=True)
@@ -172,7 +188,7 @@ class _Tracker:
         self.abs_total.index_add_(0, feature, value.abs().double())
         self.max = torch.maximum(self.max, acts.masked_fill(acts == 0, float("-inf")).amax(0))
         self.token_mass.index_add_(0, feature * self.d_vocab + token_ids[token], value.abs())
-        self.top.add(feature, value, value, flat[token])
+        self.top.add(feature, value, value, flat[token], None if documents is None else documents[token])
         keys = torch.rand(len(value), generator=self.generator)
         self.sample.add(feature, keys, value, flat[token])
         for channel, codes in labels.items():
@@ -233,9 +249,11 @@ def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, sa
         flat = (torch.arange(part.start, part.stop)[:, None] * n_ctx + torch.arange(n_ctx))[keep]
         ids = tokens[keep]
         labels = {c: torch.from_numpy(np.array(v[part]))[keep] for c, v in rows.labels.items() if c in classes}
+        documents = torch.from_numpy(rows.documents(part))[keep]
         for acts in iter_activations(model, tokens, list(saes), keep, cfg.batch_rows):
             for point, x in acts.items():
-                trackers[point].update(saes[point].encode(x.to(saes[point].W_enc.dtype)), flat, ids, labels)
+                trackers[point].update(saes[point].encode(x.to(saes[point].W_enc.dtype)), flat, ids, labels,
+                                       documents)
         bar.update(part.stop - part.start)
     bar.close()
 
@@ -290,16 +308,8 @@ def _describe_feature(tracker: _Tracker, f: int, windows: _Windows, effects, lis
         "max_activation": float(tracker.max[f]) if n_active else 0.0,
         "mean_activation": float(tracker.total[f] / n_active) if n_active else 0.0,
     }
-    top, docs = [], []
-    for score, index in zip(tracker.top.score[f].tolist(), tracker.top.index[f].tolist()):
-        if index < 0 or score == float("-inf"):
-            continue
-        doc = windows.document(index)
-        if doc not in docs:
-            top.append(index)
-            docs.append(doc)
-        if len(top) == cfg.n_contexts:
-            break
+    top = [i for i in tracker.top.index[f].tolist() if i >= 0]
+    docs = [windows.document(i) for i in top]
     row["top_contexts"] = [windows.context(i) for i in top]
     row["top_documents"] = docs
     row["top_tokens"] = [windows.token(i) for i in top]

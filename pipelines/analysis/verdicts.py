@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-AND_DATA = 0.5
+AND_DATA = 0.6  # an equal-weight sum z_a + z_b scores exactly 0.5: an AND must clear it
 MIN_CELL = 20
 DROP_ONE = 0.5
 NEGATION_SHARE = 0.5  # least share of an input's activation within negations
@@ -27,36 +27,57 @@ CONTEXT_SHARE = 0.7  # least share of the other input's activation in one contex
 BOOST_SD = 1.0  # least boost (sd) of the output towards the other class's words
 
 
-def best_candidates(gates: pd.DataFrame, n: int) -> pd.DataFrame:
-    """Each layer's `n` best data-ranked candidates (one per output feature), best first."""
-    ranked = gates[gates["layer_rank"].notna() & (gates["layer_rank"] <= n)]
-    return ranked.sort_values(["layer", "layer_rank"]).reset_index(drop=True)
+def circuit_part(frame: pd.DataFrame | None, input_site: str = "resid_mid", outputs: str = "sae") -> pd.DataFrame | None:
+    """The rows of a circuit table for one output set and input site (a run may hold several)."""
+    if frame is None or "outputs" not in frame.columns:
+        return frame
+    return frame[(frame["outputs"] == outputs) & (frame["input_site"] == input_site)].reset_index(drop=True)
 
 
-def gate_verdicts(gates: pd.DataFrame, truth: pd.DataFrame | None, ablation: pd.DataFrame | None,
-                  features: pd.DataFrame | None, labels: pd.DataFrame | None, n: int) -> pd.DataFrame:
-    """One row per checked candidate: its figures, the descriptions and the verdicts."""
+def best_candidates(gates: pd.DataFrame, n: int, distinct_pairs: bool = True) -> pd.DataFrame:
+    """Each layer's `n` best data-ranked candidates, best first: one per output feature and,
+    with `distinct_pairs`, one per input pair (a pair that builds several outputs is shown
+    with its best one)."""
+    ranked = gates[gates["layer_rank"].notna()].sort_values(["layer", "layer_rank"])
+    if distinct_pairs:
+        ranked = ranked.drop_duplicates(["layer", "in_a", "in_b"])
+    return ranked.groupby("layer").head(n).reset_index(drop=True)
+
+
+def negation_candidates(gates: pd.DataFrame, labels: pd.DataFrame | None, n: int = 1) -> pd.DataFrame:
+    """Each layer's `n` best data-ranked candidates that the corpus's labels call negation
+    gates (see `_negation_gate`); empty without negation and context labels."""
+    ranked = gates[gates["layer_rank"].notna()].sort_values(["layer", "layer_rank"])
+    keep = [bool(_negation_gate(labels, (int(g.layer), int(g.out_feature), int(g.in_a), int(g.in_b))))
+            for g in ranked.itertuples(index=False)] if len(ranked) else []
+    found = ranked[keep] if keep else ranked.iloc[:0]
+    return found.groupby("layer").head(n).reset_index(drop=True)
+
+
+def gate_verdicts(candidates: pd.DataFrame, ablation: pd.DataFrame | None, features: pd.DataFrame | None,
+                  labels: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per candidate (rows of the gates table): its figures, descriptions, verdicts."""
     rows = []
     described = _index(features, ["layer", "site", "feature"])
-    for g in best_candidates(gates, n).itertuples(index=False):
+    for g in candidates.itertuples(index=False):
         key = (int(g.layer), int(g.out_feature), int(g.in_a), int(g.in_b))
-        cells = _cells(truth, key)
-        drops = _drops(ablation, key)
         row = {
             "layer": key[0], "out_feature": key[1], "in_a": key[2], "in_b": key[3], "layer_rank": int(g.layer_rank),
-            "contribution_share": g.contribution_share, "coactivation": g.coactivation, "and_score": g.and_score,
-            "and_data": g.and_data, "both_tokens": cells.get("on_on", 0),
-            "apart_tokens": min(cells.get("on_off", 0), cells.get("off_on", 0)), **drops,
+            "gate_score": g.gate_score, "contribution_share": g.contribution_share, "coactivation": g.coactivation,
+            "and_score": g.and_score, "and_data": g.and_data, "both_tokens": int(g.n_both),
+            "apart_tokens": int(min(g.n_a_only, g.n_b_only)), **_drops(ablation, key),
         }
+        row["truth"], row["truth_and"] = _truth_verdict(row)
         row["verdict"], row["is_and"] = _verdict(row)
-        row["negation_gate"] = _negation_gate(labels, features, key)
+        row["negation_gate"] = _negation_gate(labels, key)
         for side, site, feature in (("out", "mlp_out", key[1]), ("a", None, key[2]), ("b", None, key[3])):
             row[f"{side}_description"] = _description(described, key[0], site, feature)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def _verdict(row: dict) -> tuple[str, bool]:
+def _truth_verdict(row: dict) -> tuple[str, bool]:
+    """What the truth table says, from the counts and `and_data` of the gates table."""
     if row["both_tokens"] < MIN_CELL:
         return f"too few tokens with both inputs active ({row['both_tokens']})", False
     if row["apart_tokens"] < MIN_CELL:
@@ -64,20 +85,18 @@ def _verdict(row: dict) -> tuple[str, bool]:
                 "the truth table cannot tell an AND"), False
     if not row["and_data"] >= AND_DATA:
         return f"fires without both inputs (and_data {row['and_data']:.2f}): OR-like, not an AND", False
+    return f"needs both inputs (and_data {row['and_data']:.2f})", True
+
+
+def _verdict(row: dict) -> tuple[str, bool]:
+    if not row["truth_and"]:
+        return row["truth"], False
     weaker = min(row.get("drop_a", float("nan")), row.get("drop_b", float("nan")))
     if weaker != weaker:
         return "truth table says AND; no ablation measured", False
     if weaker < DROP_ONE:
         return f"truth table says AND, but removing one input keeps {1 - weaker:.0%} of the output", False
     return "behaves as an AND gate", True
-
-
-def _cells(truth: pd.DataFrame | None, key: tuple) -> dict:
-    if truth is None or truth.empty:
-        return {}
-    sel = truth[(truth["layer"] == key[0]) & (truth["out_feature"] == key[1]) & (truth["in_a"] == key[2])
-                & (truth["in_b"] == key[3])]
-    return dict(zip(sel["cell"], sel["n_tokens"].astype(int)))
 
 
 def _drops(ablation: pd.DataFrame | None, key: tuple) -> dict:
@@ -110,29 +129,43 @@ def _description(features, layer: int, site: str | None, feature: int) -> str:
     return ""
 
 
-def _share(labels: pd.DataFrame, layer: int, sites: list[str], feature: int, channel: str, cls: str) -> float:
-    sel = labels[(labels["layer"] == layer) & labels["site"].isin(sites) & (labels["feature"] == feature)
-                 & (labels["channel"] == channel) & (labels["class"] == cls) & (labels["kind"] == "activation_share")]
-    return float(sel["value"].iloc[0]) if len(sel) else 0.0
+class _Labels:
+    """The feature_labels table as lookups: activation shares of input features by class and
+    logit boosts of output features by lexicon class."""
+
+    def __init__(self, labels: pd.DataFrame):
+        shares = labels[labels["kind"] == "activation_share"]
+        self.share = {(r.layer, r.feature, r.channel, r["class"]): r.value
+                      for _, r in shares[shares["site"] != "mlp_out"].iterrows()}
+        boosts = labels[(labels["kind"] == "logit_boost") & (labels["site"] == "mlp_out")]
+        self.boost = {(r.layer, r.feature, r["class"]): r.value for _, r in boosts.iterrows()}
+        self.contexts = sorted(labels.loc[labels["channel"] == "context", "class"].unique())
 
 
-def _negation_gate(labels: pd.DataFrame | None, features: pd.DataFrame | None, key: tuple) -> bool | None:
+_LABELS: dict[int, _Labels] = {}
+
+
+def _lookups(labels: pd.DataFrame) -> _Labels:
+    if id(labels) not in _LABELS:
+        _LABELS.clear()
+        _LABELS[id(labels)] = _Labels(labels)
+    return _LABELS[id(labels)]
+
+
+def _negation_gate(labels: pd.DataFrame | None, key: tuple) -> bool | None:
     """The negation-gate label, or None when the corpus has no negation and context labels."""
-    if labels is None or labels.empty or not {"negation", "context"} <= set(labels["channel"]):
+    if labels is None or labels.empty or not {"negation", "context"} <= set(labels["channel"].unique()):
         return None
+    table = _lookups(labels)
     layer, f, a, b = key
-    contexts = sorted(labels.loc[labels["channel"] == "context", "class"].unique())
-    inputs = ["resid_mid", "mlp_in"]
-    boosts = labels[(labels["layer"] == layer) & (labels["site"] == "mlp_out") & (labels["feature"] == f)
-                    & (labels["kind"] == "logit_boost")].set_index("class")["value"]
     for neg, ctx in ((a, b), (b, a)):
-        if _share(labels, layer, inputs, neg, "negation", "negation") < NEGATION_SHARE:
+        if table.share.get((layer, neg, "negation", "negation"), 0.0) < NEGATION_SHARE:
             continue
-        negation_share = _share(labels, layer, inputs, ctx, "negation", "negation")
-        for context in contexts:
-            share = _share(labels, layer, inputs, ctx, "context", context)
+        negation_share = table.share.get((layer, ctx, "negation", "negation"), 0.0)
+        for context in table.contexts:
+            share = table.share.get((layer, ctx, "context", context), 0.0)
             if share >= CONTEXT_SHARE and share > negation_share:
-                others = [c for c in contexts if c != context and c in boosts.index]
-                if any(boosts[c] >= BOOST_SD for c in others):
+                others = [c for c in table.contexts if c != context]
+                if any(table.boost.get((layer, f, c), float("-inf")) >= BOOST_SD for c in others):
                     return True
     return False

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from pipelines.analysis.verdicts import gate_verdicts
+from pipelines.analysis.verdicts import best_candidates, gate_verdicts
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.tables import read_table
 
@@ -404,8 +404,8 @@ def verdicts_table(tables: RunTables, site: str) -> tuple[pd.DataFrame | None, s
     if gates is None or truth is None or truth.empty:
         return None, "needs the gates and gate_truth tables"
     n = int(truth["layer_rank"].max())
-    verdicts = gate_verdicts(gates, truth, for_site(tables.get("gate_ablation"), site), tables.get("features"),
-                             tables.get("feature_labels"), n)
+    verdicts = gate_verdicts(best_candidates(gates, n, distinct_pairs=False), for_site(tables.get("gate_ablation"), site),
+                             tables.get("features"), tables.get("feature_labels"))
     if verdicts.empty:
         return None, "no data-ranked candidates"
     have = truth[["layer", "out_feature", "in_a", "in_b"]].drop_duplicates()

@@ -18,7 +18,7 @@ from circuits.bilinear import interaction_matrices
 from circuits.sae_basis import input_basis, project
 from circuits.spectra import eigh_by_magnitude, lowrank_at
 from circuits.weights import from_hooked_transformer
-from pipelines.analysis.verdicts import gate_verdicts
+from pipelines.analysis.verdicts import best_candidates, circuit_part, gate_verdicts, negation_candidates
 from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.tables import read_table
@@ -37,7 +37,8 @@ class ReportData:
     tables: dict[str, pd.DataFrame | None]
     lm_summary: dict | None
     model_config: dict | None
-    verdicts: pd.DataFrame | None = None
+    verdicts: pd.DataFrame | None = None  # each layer's best candidates
+    negation: pd.DataFrame | None = None  # each layer's best candidate labelled a negation gate
     has_ground_truth: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -52,17 +53,19 @@ def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_di
             frame = read_table(run.tables, name, layers)
         except FileNotFoundError:
             frame = None
-        if frame is not None and "outputs" in frame.columns:
-            frame = frame[(frame["outputs"] == "sae") & (frame["input_site"] == input_site)].reset_index(drop=True)
-        tables[name] = frame
+        tables[name] = circuit_part(frame, input_site)
     summary = read_json(model_dir / "summary.json")
     config = read_json(model_dir / "config.json")
     labels = tables["feature_labels"]
     ground = labels is not None and not labels.empty and {"negation", "context"} <= set(labels["channel"])
     data = ReportData(run, layers, tables, summary, config, has_ground_truth=ground)
-    if tables["gates"] is not None and "layer_rank" in tables["gates"]:
-        data.verdicts = gate_verdicts(tables["gates"], tables["gate_truth"], tables["gate_ablation"],
-                                      tables["features"], labels, n_candidates)
+    gates = tables["gates"]
+    if gates is not None and "layer_rank" in gates:
+        data.verdicts = gate_verdicts(best_candidates(gates, n_candidates), tables["gate_ablation"],
+                                      tables["features"], labels)
+        if ground:
+            data.negation = gate_verdicts(negation_candidates(gates, labels), tables["gate_ablation"],
+                                          tables["features"], labels)
     return data
 
 

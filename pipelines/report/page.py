@@ -26,8 +26,8 @@ from pipelines.report.inputs import ReportData, interaction_submatrix, load_repo
 
 INDEX = "index.html"
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
-CANDIDATE_COLUMNS = ["layer_rank", "out_feature", "in_a", "in_b", "contribution_share", "coactivation", "and_data",
-                     "and_score", "verdict"]
+CANDIDATE_COLUMNS = ["layer_rank", "out_feature", "in_a", "in_b", "gate_score", "contribution_share", "coactivation",
+                     "and_data", "and_score", "verdict"]
 
 
 @dataclass(frozen=True)
@@ -167,13 +167,18 @@ def _layer_section(data: ReportData, layer: int, pictures: _Pictures, cfg: Repor
     ]
     for row in mine.head(cfg.cards_per_layer).to_dict("records"):
         section["cards"].append(_card(data, row, pictures, cfg, inputs, store, saes))
+    if data.negation is not None and len(data.negation):
+        for row in data.negation[data.negation["layer"] == layer].to_dict("records"):
+            card = _card(data, row, pictures, cfg, inputs, store, saes)
+            card["title"] = "Negation gate candidate"
+            section["cards"].append(card)
     return section
 
 
 def _card(data: ReportData, row: dict, pictures: _Pictures, cfg: ReportConfig, inputs, store, saes) -> dict:
     layer, f, a, b = row["layer"], row["out_feature"], row["in_a"], row["in_b"]
     name = f"L{layer}_F{f}"
-    card = {"row": row, "out": _label(data, layer, ("mlp_out",), f),
+    card = {"row": row, "title": f"Data rank {row['layer_rank']}", "out": _label(data, layer, ("mlp_out",), f),
             "a": _label(data, layer, ("resid_mid", "mlp_in"), a), "b": _label(data, layer, ("resid_mid", "mlp_in"), b),
             "features": _feature_info(data, layer, f)}
     truth = data.table("gate_truth")
