@@ -64,16 +64,37 @@ FUSED_ADAM_DEVICES = ("cpu", "cuda")
 def _scatter_rows(indices: Tensor, weights: Tensor, rows: Tensor, n_out: int) -> Tensor:
     """`out[i] = sum of weights[b, j] * rows[b] over the (b, j) with indices[b, j] == i`.
 
-    indices, weights `[batch, m]`, rows `[batch, d]` -> `[n_out, d]`. Computed as a sparse
-    `[n_out, batch]` matrix times `rows`, which sums each output row's terms in one place
-    instead of materialising the `[batch * m, d]` products an `index_add_` would need.
+    indices, weights `[batch, m]` (indices distinct within each row), rows `[batch, d]` ->
+    `[n_out, d]`: a sparse `[n_out, batch]` matrix times `rows`, which sums each output row's
+    terms in one place instead of materialising the `[batch * m, d]` products an `index_add_`
+    would need. On a CPU the matrix is COO, sorted inside `sparse.mm` and summed in one serial
+    pass: faster there than CSR, whose parallel product stalls when the cores are busy.
+    Elsewhere it is CSR, sorted here, because coalescing a COO matrix on an accelerator
+    waits for the device.
     """
+    layout = torch.sparse_coo if rows.device.type == "cpu" else torch.sparse_csr
+    return torch.sparse.mm(_latent_by_token(indices, weights, n_out, layout), rows)
+
+
+def _latent_by_token(indices: Tensor, weights: Tensor, n_out: int, layout: torch.layout) -> Tensor:
+    """The sparse `[n_out, batch]` matrix with `weights[b, j]` at `(indices[b, j], b)`, in
+    `layout` (COO or CSR); indices, weights `[batch, m]`, indices distinct within each row."""
     batch, m = indices.shape
-    tokens = torch.arange(batch, device=indices.device).repeat_interleave(m)
-    matrix = torch.sparse_coo_tensor(
-        torch.stack([indices.reshape(-1), tokens]), weights.reshape(-1), (n_out, batch), check_invariants=False
-    )
-    return torch.sparse.mm(matrix, rows)
+    flat = indices.reshape(-1)
+    if layout == torch.sparse_coo:
+        tokens = torch.arange(batch, device=indices.device).repeat_interleave(m)
+        return torch.sparse_coo_tensor(
+            torch.stack([flat, tokens]), weights.reshape(-1), (n_out, batch), check_invariants=False
+        )
+    # A stable sort by latent keeps each latent's tokens ascending, as CSR wants them.
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(n_out + 1, dtype=flat.dtype, device=flat.device).index_add_(0, flat + 1, torch.ones_like(flat))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(
+            counts.cumsum(0), order.div(m, rounding_mode="floor"), weights.reshape(-1)[order], (n_out, batch),
+            check_invariants=False,
+        )
 
 
 def _sampled_dots(indices: Tensor, rows: Tensor, table: Tensor) -> Tensor:
@@ -255,22 +276,23 @@ def training_losses(
     """The TopK reconstruction loss and the aux-k loss of `sae` on x `[batch, d_in]`.
 
     `dead` `[d_sae]` bool marks the dead latents (None: no aux-k loss); `k_aux` defaults to
-    d_in // 2; `sync_free` as in `_dead_latents` (same loss, different work). The main and
-    the aux latents share one sparse encoder backward. `pre_out` `[batch, d_sae]`, if given,
-    receives the pre-activations (the losses do not keep them).
+    d_in // 2; `sync_free` as in `_dead_latents` (same loss, different work). `pre_out`
+    `[batch, d_sae]`, if given, receives the pre-activations (the losses do not keep them).
     """
     k_aux = k_aux if k_aux is not None else sae.d_in // 2
     pre = sae.pre_acts(x, out=pre_out)
     top = sae.top_indices(pre)
-    aux = _dead_latents(pre, dead, k_aux, sync_free) if dead is not None else None
-    selected = sae.select(x, pre, top if aux is None else torch.cat([top, aux[0]], dim=1))
-    values = selected[:, : sae.k].relu()
+    values = sae.select(x, pre, top).relu()
     recon = sae.decode(values, top)
     mse = reconstruction_loss(x, recon)
+    aux = _dead_latents(pre, dead, k_aux, sync_free) if dead is not None else None
     if aux is None:
         return Losses(mse, mse.new_zeros(()), values, top)
     aux_indices, live, scale = aux
-    aux_values = selected[:, sae.k :] if live is None else selected[:, sae.k :] * live
+    # Selected apart from the top k: a latent may be in both, and a sparse pattern must not repeat an entry.
+    aux_values = sae.select(x, pre, aux_indices)
+    if live is not None:
+        aux_values = aux_values * live
     residual = (x - recon).detach()
     aux_loss = aux_coefficient * scale * reconstruction_loss(residual, decode_rows(aux_values, aux_indices, sae.W_dec))
     return Losses(mse, aux_loss, values, top)
@@ -387,8 +409,9 @@ class TopKTrainer:
         return self.since_fired > self.settings["dead_steps"]
 
     def state_dict(self) -> dict:
-        """Everything `load_state_dict` needs for an exact resume. Like torch's state dicts,
-        its tensors are the trainer's own: save or copy it before training on."""
+        """Everything `load_state_dict` needs for an exact resume (a step draws no random
+        numbers, so there is no generator state). Like torch's state dicts, its tensors are
+        the trainer's own: save or copy it before training on."""
         return {
             "settings": dict(self.settings),
             "sae": self.sae.state_dict(),

@@ -18,7 +18,7 @@ PARAMS = ("W_enc", "W_dec", "b_dec")
 
 @pytest.fixture
 def one_thread():
-    """Thousands of tiny steps run faster on one thread than split over busy cores."""
+    """A thousand tiny steps run faster on one thread than split over busy cores."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -174,7 +174,7 @@ def planted_batches(d: int, n_atoms: int, active: int, batch: int, seed: int):
 def test_planted_dictionary_is_recovered(one_thread):
     atoms, batches = planted_batches(d=32, n_atoms=64, active=3, batch=256, seed=0)
     sae = TopKSAE(32, 128, k=4, seed=0)
-    steps = 2000
+    steps = 1200
     trainer = TopKTrainer(sae, total_steps=steps, lr=2e-3, dead_steps=50)
     for _ in range(steps - 1):
         trainer.step(next(batches), stats=False)

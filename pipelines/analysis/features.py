@@ -127,6 +127,10 @@ class _Best:
     def add(self, feature: torch.Tensor, score: torch.Tensor, value: torch.Tensor, index: torch.Tensor,
             group: torch.Tensor | None = None) -> None:
         n = self.score.shape[0]
+        # an entry below its feature's m-th best so far can never enter: most are dropped here
+        worthy = score > self.score[feature, -1]
+        feature, score, value, index = feature[worthy], score[worthy], value[worthy], index[worthy]
+        group = None if group is None else group[worthy]
         kept = self.index.reshape(-1) >= 0
         old_feature = torch.arange(n).repeat_interleave(self.m)[kept]
         dedupe = group is not None
@@ -186,14 +190,17 @@ class _Tracker:
         self.count += torch.bincount(feature, minlength=len(self.count)).double()
         self.total.index_add_(0, feature, value.double())
         self.abs_total.index_add_(0, feature, value.abs().double())
-        self.max = torch.maximum(self.max, acts.masked_fill(acts == 0, float("-inf")).amax(0))
+        self.max.scatter_reduce_(0, feature, value, reduce="amax")
         self.token_mass.index_add_(0, feature * self.d_vocab + token_ids[token], value.abs())
         self.top.add(feature, value, value, flat[token], None if documents is None else documents[token])
         keys = torch.rand(len(value), generator=self.generator)
         self.sample.add(feature, keys, value, flat[token])
+        magnitude = value.abs().double()
         for channel, codes in labels.items():
-            onehot = torch.nn.functional.one_hot(codes.long(), len(self.classes[channel]) + 1)[:, 1:].double()
-            self.mass[channel] += acts.abs().double().T @ onehot
+            n_classes = len(self.classes[channel]) + 1  # code 0: no class
+            where = feature * n_classes + codes[token].long()
+            mass = torch.zeros(len(self.count) * n_classes, dtype=torch.float64).index_add_(0, where, magnitude)
+            self.mass[channel] += mass.view(-1, n_classes)[:, 1:]
 
 
 class _Windows:
