@@ -12,13 +12,14 @@ correlations themselves mean nothing here; only their cost does.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import time
 
 import torch
 
-from circuits import CircuitConfig, MLPWeights, SAEWeights, analyse_layer
+from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
 
 
 def random_mlp(d: int, h: int, gen: torch.Generator) -> MLPWeights:
@@ -40,15 +41,25 @@ def random_sae(d: int, n: int, gen: torch.Generator) -> SAEWeights:
     )
 
 
-def random_batches(n_tokens: int, batch: int, d: int, n_out: int, k: int, gen: torch.Generator):
-    """MLP inputs and TopK-like output activations: k random features active per token."""
-    for start in range(0, n_tokens, batch):
-        b = min(batch, n_tokens - start)
-        x = torch.randn(b, d, generator=gen)
-        acts = torch.zeros(b, n_out)
-        active = torch.rand(b, n_out, generator=gen).topk(k, dim=1).indices
-        acts.scatter_(1, active, torch.rand(b, k, generator=gen) + 0.01)
-        yield x, acts
+def topk_like(b: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """`[b, n]` with k random positive entries per row, as a TopK SAE's activations."""
+    acts = torch.zeros(b, n)
+    active = torch.rand(b, n, generator=gen).topk(k, dim=1).indices
+    return acts.scatter_(1, active, torch.rand(b, k, generator=gen) + 0.01)
+
+
+def random_batches(n_tokens: int, batch: int, d: int, n_in: int, n_out: int, k: int, seed: int):
+    """A callable giving a fresh pass of random LayerBatches: MLP inputs, input latents and
+    output activations with k random features active per token."""
+
+    def batches():
+        gen = torch.Generator().manual_seed(seed)
+        for start in range(0, n_tokens, batch):
+            b = min(batch, n_tokens - start)
+            yield LayerBatch(x=torch.randn(b, d, generator=gen), z=topk_like(b, n_in, k, gen),
+                             scale=torch.ones(b), acts=topk_like(b, n_out, k, gen))
+
+    return batches
 
 
 def main() -> None:
@@ -60,17 +71,17 @@ def main() -> None:
     p.add_argument("--n-in", type=int, default=2048, help="input SAE features")
     p.add_argument("--n-out", type=int, default=2048, help="output SAE features")
     p.add_argument("--tokens", type=int, default=100_000)
-    p.add_argument("--k", type=int, default=30, help="active output features per token")
+    p.add_argument("--k", type=int, default=30, help="active input and output features per token")
     p.add_argument("--batch", type=int, default=4096, help="tokens per input batch")
     p.add_argument("--config", type=str, default=None, help="CircuitConfig as JSON")
     args = p.parse_args()
 
-    cfg = CircuitConfig.from_json(args.config) if args.config else CircuitConfig()
+    cfg = CircuitConfig.from_json(json.loads(args.config)) if args.config else CircuitConfig()
     gen = torch.Generator().manual_seed(0)
     mlp = random_mlp(args.d_model, args.d_hidden, gen)
     sae_in = random_sae(args.d_model, args.n_in, gen)
     sae_out = random_sae(args.d_model, args.n_out, gen)
-    batches = random_batches(args.tokens, args.batch, args.d_model, args.n_out, args.k, gen)
+    batches = random_batches(args.tokens, args.batch, args.d_model, args.n_in, args.n_out, args.k, 1)
 
     print(f"threads {torch.get_num_threads()}, config {cfg.to_json()}")
     print(
@@ -80,18 +91,19 @@ def main() -> None:
     timings: dict[str, float] = {}
     load_before = os.getloadavg()[0]
     cpu_start, start = cpu_seconds(), time.perf_counter()
-    tables = analyse_layer(mlp, sae_in, sae_out, batches, cfg, layer=0, timings=timings)
+    outputs = Outputs("sae", sae_out.W_enc.T, sae=sae_out)
+    tables = analyse_layer(mlp, sae_in, outputs, batches, cfg, layer=0, timings=timings)
     total, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
-    # the correlation stage includes making the random batches; time that apart
+    # the token passes include making the random batches (twice); time that apart
     gen_start = time.perf_counter()
-    for _ in random_batches(args.tokens, args.batch, args.d_model, args.n_out, args.k, gen):
+    for _ in batches():
         pass
-    making = time.perf_counter() - gen_start
+    making = 2 * (time.perf_counter() - gen_start)
 
     print("seconds per stage (the first three are summed over worker threads):")
     for stage, seconds in timings.items():
         print(f"{stage:>22s} {seconds:8.1f} s")
-    print(f"{'(making random batches':>22s} {making:8.1f} s, inside correlations)")
+    print(f"{'(making random batches':>22s} {making:8.1f} s, inside the token passes)")
     print(f"{'total wall':>22s} {total:8.1f} s")
     print(f"{'total CPU (user+sys)':>22s} {cpu:8.1f} s")
     print(f"{'load average':>22s} {load_before:8.2f} before, {os.getloadavg()[0]:.2f} after")

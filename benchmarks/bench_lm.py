@@ -10,11 +10,12 @@ import time
 
 import torch
 
-from pipelines.lm_training import LMTrainConfig
-from pipelines.model import PRESETS, ModelConfig, build_model
+from pipelines.lm.model import PRESETS, ModelConfig, build_model
+from pipelines.lm.training import LMTrainConfig
 
 
 def tokens_per_s(cfg: ModelConfig, batch_size: int, steps: int) -> float:
+    """Training tokens per second of `steps` AdamW steps on random tokens."""
     model = build_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, cfg.d_vocab, (batch_size, cfg.n_ctx))
@@ -30,14 +31,14 @@ def tokens_per_s(cfg: ModelConfig, batch_size: int, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", default="tiny,demo")
+    parser.add_argument("--presets", default="tiny,demo", help="comma list of tiny, demo, paper")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--vocab", type=int, default=470)
     args = parser.parse_args()
     batch = LMTrainConfig().batch_size
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch} rows")
     for name in args.presets.split(","):
-        cfg = ModelConfig(**{**PRESETS[name].to_json(), "d_vocab": args.vocab})
+        cfg = PRESETS[name].replace(d_vocab=args.vocab)
         rate = tokens_per_s(cfg, batch, args.steps)
         print(f"{name:6s} layers {cfg.n_layers} d_model {cfg.d_model} n_ctx {cfg.n_ctx}: "
               f"{rate:,.0f} training tokens/s")
