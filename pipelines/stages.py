@@ -501,31 +501,35 @@ def held_out_digest(store: TokenStore) -> str:
 def ensure_features(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], sites: list[str],
                     cfg, sae_paths: dict[int, tuple[Path, Path | None]] | None = None,
                     allow_hookless: bool = False, seed: int = 0) -> pd.DataFrame:
-    """The `features` and `feature_labels` tables of each layer not yet current."""
+    """The `features` and `feature_labels` tables of each (layer, site) not yet current.
+
+    Each (layer, site) is its own part (`features/layer2/mlp_out.parquet`), so describing
+    one site's SAEs leaves the others' descriptions as they are; all the SAEs still to do
+    are described in one pass over the held-out rows.
+    """
     from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA, feature_tables
 
-    todo, per_layer = [], {}
+    held = held_out_digest(store)
+    todo: dict[Point, tuple[LoadedSAE, Stamp, Path]] = {}
     for layer in layers:
-        saes = _feature_saes(run, inputs, layer, sites, (sae_paths or {}).get(layer), allow_hookless)
-        stamp = Stamp("features", {"model": inputs.digest, "held_out": held_out_digest(store),
-                                   **{point_name(p): digest(s.path) for p, s in saes.items()}},
-                      {"format": TABLE_FORMAT, "features": cfg.recipe(), "seed": seed})
-        marker = run.stamp("features", layer)
-        if stamps.is_current(marker, stamp) and has_table(run.tables, "features", layer):
-            continue
-        stamps.begin(marker)
-        todo.append(layer)
-        per_layer[layer] = (saes, stamp, marker)
+        for point, sae in _feature_saes(run, inputs, layer, sites, (sae_paths or {}).get(layer), allow_hookless).items():
+            stamp = Stamp("features", {"model": inputs.digest, "held_out": held, "sae": digest(sae.path)},
+                          {"format": TABLE_FORMAT, "features": cfg.recipe(), "seed": seed})
+            marker = run.stamp("features", layer, point[1])
+            if stamps.is_current(marker, stamp) and has_table(run.tables, "features", layer, point[1]):
+                continue
+            stamps.begin(marker)
+            todo[point] = (sae, stamp, marker)
     if todo:
-        saes = {p: s.weights for layer in todo for p, s in per_layer[layer][0].items()}
         counts = np.load(inputs.folder / "token_counts.npy") if (inputs.folder / "token_counts.npy").is_file() else None
-        features, labels = feature_tables(inputs.model, inputs.tokenizer, store.held_out, saes, cfg, store.classes,
+        features, labels = feature_tables(inputs.model, inputs.tokenizer, store.held_out,
+                                          {p: s.weights for p, (s, _, _) in todo.items()}, cfg, store.classes,
                                           store.lexicon_tokens, counts, seed)
-        for layer in todo:
-            _, stamp, marker = per_layer[layer]
-            write_table(features[features["layer"] == layer], run.tables, "features", layer, FEATURES_SCHEMA,
+        for (layer, site), (_, stamp, marker) in todo.items():
+            mine = lambda frame: frame[(frame["layer"] == layer) & (frame["site"] == site)]  # noqa: E731
+            write_table(mine(features), run.tables, "features", layer, FEATURES_SCHEMA, part=site,
                         provenance=stamp.to_json())
-            write_table(labels[labels["layer"] == layer], run.tables, "feature_labels", layer, FEATURE_LABELS_SCHEMA,
+            write_table(mine(labels), run.tables, "feature_labels", layer, FEATURE_LABELS_SCHEMA, part=site,
                         provenance=stamp.to_json())
             stamps.finish(marker, stamp)
     return read_table(run.tables, "features", layers)

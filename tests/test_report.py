@@ -12,7 +12,7 @@ from PIL import Image
 
 from pipelines.cli import main
 from pipelines.engine.tables import table_path, write_table
-from pipelines.analysis.features import FEATURES_SCHEMA
+from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA
 
 pytestmark = pytest.mark.slow
 
@@ -33,11 +33,10 @@ def run(tmp_path_factory):
     # plant the description on the output feature of layer 0's best gate, which the report shows
     gates = pd.read_parquet(out / "tables" / "gates")
     best = gates[(gates["layer"] == 0) & (gates["layer_rank"] == 1)].iloc[0]
-    path = table_path(out / "tables", "features", 0)
+    path = table_path(out / "tables", "features", 0, "mlp_out")
     features = pd.read_parquet(path)
-    planted = (features["site"] == "mlp_out") & (features["feature"] == best["out_feature"])
-    features.loc[planted, "description"] = PLANTED
-    write_table(features, out / "tables", "features", 0, FEATURES_SCHEMA)
+    features.loc[features["feature"] == best["out_feature"], "description"] = PLANTED
+    write_table(features, out / "tables", "features", 0, FEATURES_SCHEMA, part="mlp_out")
     return out
 
 
@@ -109,12 +108,10 @@ def test_missing_tables_leave_notes(run, tmp_path):
 def test_wording_without_ground_truth(run, tmp_path):
     bare = tmp_path / "bare"
     shutil.copytree(run, bare)
-    labels = pd.read_parquet(bare / "tables" / "feature_labels")
-    for layer in (0, 1):
-        kept = labels[(labels["layer"] == layer) & (labels["channel"] == "lexicon")]
-        from pipelines.analysis.features import FEATURE_LABELS_SCHEMA
-
-        write_table(kept, bare / "tables", "feature_labels", layer, FEATURE_LABELS_SCHEMA)
+    for path in (bare / "tables" / "feature_labels").rglob("*.parquet"):
+        labels = pd.read_parquet(path)
+        write_table(labels[labels["channel"] == "lexicon"], bare / "tables", "feature_labels",
+                    int(labels["layer"].iloc[0]), FEATURE_LABELS_SCHEMA, part=path.stem)
     assert main(["report", "--out", str(bare), *SMALL]) == 0
     text = (bare / "report" / "index.html").read_text()
     assert "carries no negation and context labels" in text and "negation gate</th>" not in text

@@ -64,8 +64,9 @@ def gate_verdicts(candidates: pd.DataFrame, ablation: pd.DataFrame | None, featu
         row = {
             "layer": key[0], "out_feature": key[1], "in_a": key[2], "in_b": key[3], "layer_rank": int(g.layer_rank),
             "gate_score": g.gate_score, "contribution_share": g.contribution_share, "coactivation": g.coactivation,
-            "and_score": g.and_score, "and_data": g.and_data, "both_tokens": int(g.n_both),
-            "apart_tokens": int(min(g.n_a_only, g.n_b_only)), **_drops(ablation, key),
+            "and_score": g.and_score, "and_data": g.and_data, "both_tokens": _count(getattr(g, "n_both", 0)),
+            "apart_tokens": min(_count(getattr(g, "n_a_only", 0)), _count(getattr(g, "n_b_only", 0))),
+            **_drops(ablation, key),
         }
         row["truth"], row["truth_and"] = _truth_verdict(row)
         row["verdict"], row["is_and"] = _verdict(row)
@@ -74,6 +75,11 @@ def gate_verdicts(candidates: pd.DataFrame, ablation: pd.DataFrame | None, featu
             row[f"{side}_description"] = _description(described, key[0], site, feature)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _count(value) -> int:
+    """A token count from the gates table; missing (a table without data statistics) is 0."""
+    return 0 if value is None or pd.isna(value) else int(value)
 
 
 def _truth_verdict(row: dict) -> tuple[str, bool]:
