@@ -55,7 +55,7 @@ class DemoConfig(Config):
             model=PRESETS["tiny"],
             lm=LMTrainConfig(train_tokens=60_000, batch_size=16, eval_every=20, checkpoint_every=50),
             sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192, eval_rows=8),
-            circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5, n_ablate=4),
+            circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5, n_ablate=2),
             corr_rows=64,
             features=FeatureConfig(n_rows=64),
             n_candidates=4,

@@ -1,0 +1,92 @@
+"""The explorer of a run: build time, size on disk, and how fast its pages render in Chromium.
+
+    python benchmarks/bench_explorer.py results/demo [--feature 2:61] [--shots DIR]
+
+Builds `RUN/explorer/` (timed), sums its size, then opens it from the file system in
+Debian's headless Chromium through Playwright and prints each page's render time (from the
+document's start for a cold page, from the link for a page reached by a link): the index,
+an output feature (`--feature LAYER:F`, default the best gate of the last layer), one of its
+input features and its layer. With `--shots` it saves screenshots of each page there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def main() -> None:
+    from pipelines.engine.paths import RunPaths
+    from pipelines.engine.tables import read_table
+    from pipelines.explorer.site import write_explorer
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path)
+    parser.add_argument("--feature", default=None, help="LAYER:FEATURE of the output feature page to open")
+    parser.add_argument("--shots", type=Path, default=None, help="folder for screenshots")
+    parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    args = parser.parse_args()
+    run = RunPaths(args.run)
+    start = time.perf_counter()
+    index = write_explorer(run)
+    build = time.perf_counter() - start
+    size = sum(p.stat().st_size for p in run.explorer.rglob("*") if p.is_file())
+    print(f"built {index} in {build:.1f} s; {size / 2**20:.1f} MB in "
+          f"{sum(1 for p in run.explorer.rglob('*') if p.is_file())} files")
+
+    gates = read_table(run.tables, "gates")
+    gates = gates[(gates["outputs"] == "sae") & (gates["input_site"] == "resid_mid")]
+    if args.feature:
+        layer, feature = map(int, args.feature.split(":"))
+        row = gates[(gates["layer"] == layer) & (gates["out_feature"] == feature) & (gates["data_rank"] == 1)].iloc[0]
+    else:
+        row = gates[gates["layer_rank"] == 1].sort_values("layer").iloc[-1]
+    layer, feature, a = int(row["layer"]), int(row["out_feature"]), int(row["in_a"])
+
+    from playwright.sync_api import sync_playwright
+
+    profile = tempfile.mkdtemp(prefix="bench-explorer-")
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(profile, executable_path=args.chromium, args=ARGS,
+                                                       headless=True, viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+
+        def rendered(count: int) -> dict:
+            page.wait_for_function(f"window.BCX_TIMINGS && window.BCX_TIMINGS.length >= {count} && "
+                                   "document.getElementById('main').dataset.ready === '1'", timeout=60000)
+            return page.evaluate("window.BCX_TIMINGS[window.BCX_TIMINGS.length - 1]")
+
+        def shot(name: str) -> None:
+            if args.shots:
+                args.shots.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(args.shots / f"{name}.png"), full_page=True)
+
+        for name, route, cold in (("index", "", True), ("feature", f"#/out/{layer}/{feature}", False),
+                                  ("input", f"#/in/{layer}/{a}", False), ("layer", f"#/layer/{layer}", False),
+                                  ("feature, cold", f"#/out/{layer}/{feature}", True)):
+            if cold:
+                page.goto(index.as_uri() + route)
+                timing = rendered(1)
+                ms = timing["at"]
+            else:
+                n = page.evaluate("window.BCX_TIMINGS.length")
+                page.evaluate(f"location.hash = '{route}'")
+                timing = rendered(n + 1)
+                ms = timing["ms"]
+            print(f"{name:>14}: {ms:7.0f} ms to render ({route or 'index'})")
+            shot(name.replace(", ", "_"))
+        context.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
