@@ -120,4 +120,11 @@ def test_demo_small_finds_and_checks_gates(tmp_path, capsys):
     assert len(best) == 2 and (best["contribution_share"] > 0).all() and (best["coactivation"] > 0).all()
     truth = pd.read_parquet(tmp_path / "tables" / "gate_truth")
     assert set(truth["cell"]) == {"on_on", "on_off", "off_on", "off_off"}
+    # circuits ablates the 2 best candidates per layer, the demo then the rest of its 4
+    ablation = pd.read_parquet(tmp_path / "tables" / "gate_ablation")
+    from pipelines.analysis.verdicts import best_candidates
+
+    shown = best_candidates(gates, 4)
+    done = set(zip(ablation["layer"], ablation["out_feature"], ablation["in_a"], ablation["in_b"]))
+    assert len(shown) > 4 and set(zip(shown["layer"], shown["out_feature"], shown["in_a"], shown["in_b"])) <= done
     assert (tmp_path / "report" / "index.html").is_file() and (tmp_path / "demo_config.json").is_file()
