@@ -162,7 +162,7 @@ def outlier_positions(n: int, n_mats: int, n_cross: int, n_self: int, seed: int)
           f"(|value| 8-12, mirrored) and {n_self} planted self outliers;")
     print(f"    IQR rule (1.5 IQR) per matrix on the {M} strict-lower-triangle values; "
           f"{found} of {planted.numel()} planted cross outliers flagged, plus {int((~p).sum())} natural ones.")
-    print(f"    triangle order (rows[k], cols[k]): every flagged value at its own position (by construction).")
+    print("    triangle order (rows[k], cols[k]): every flagged value at its own position (by construction).")
     print(f"    their (k // n, k % n): planted outliers at a wrong position: {int(moved[p].sum())} of {found} "
           f"({pct(moved[p].float().mean().item())});")
     print(f"      on the diagonal: {int(on_diag[p].sum())} ({pct(on_diag[p].float().mean().item())}; "

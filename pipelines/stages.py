@@ -10,7 +10,6 @@ and replacing it needs `force`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,7 +22,11 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.layer import CircuitConfig, LayerBatch, Outputs, analyse_layer
-from circuits.sae_basis import output_directions, token_scale
+from pipelines.analysis.ablation import gate_ablations
+from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA, boosted_token_ids, feature_tables
+from pipelines.analysis.outputs import parse_outputs
+from pipelines.analysis.verdicts import best_candidates
+from circuits.sae_basis import token_scale
 from circuits.tables import SCHEMAS
 from circuits.weights import MLPWeights, from_hooked_transformer
 from pipelines.data.corpus import CorpusConfig, corpus_digest, iter_documents, write_story_corpus
@@ -32,13 +35,14 @@ from pipelines.data.tokenizer import TOKENIZER_FILE, TokenizerConfig, load_token
 from pipelines.data.tokens import (TokenRows, TokenStore, bits_per_byte, build_token_store, held_out_mask,
                                    open_token_store, unigram_entropy)
 from pipelines.engine import stamps
-from pipelines.engine.files import atomic_dir, clean_temporaries, digest, read_json, remove, text_digest, write_json
+from pipelines.engine.files import (atomic_dir, atomic_file, clean_temporaries, digest, read_json, remove, text_digest,
+                                    write_json)
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.stamps import Stamp
 from pipelines.engine.tables import has_table, provenance, read_table, table_path, write_table
 from pipelines.lm.behaviour import lexicon_accuracy
 from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
-from pipelines.lm.training import LOG_FILE, STATE_FILE, LMTrainConfig, held_out_loss, train_lm
+from pipelines.lm.training import STATE_FILE, LMTrainConfig, held_out_loss, train_lm
 from sae.activations import iter_activations
 from sae.config import SAETrainConfig
 from sae.io import LoadedSAE, check_sae_point, load_sae, read_metrics, write_sae_extras
@@ -290,8 +294,6 @@ def _train_points(run, inputs: ModelInputs, store: TokenStore, todo: list[Point]
         stamps.finish(run.saes / SAE_CHECKPOINT_STAMP, job)
 
     def save_checkpoint(state: dict) -> None:
-        from pipelines.engine.files import atomic_file
-
         with atomic_file(run.sae_checkpoint) as tmp:
             torch.save(state, tmp)
 
@@ -378,8 +380,6 @@ def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: 
 def output_sets(specs: list[str], basis: str, inputs: ModelInputs, mlp: MLPWeights, saes: LayerSAEs,
                 cfg: CircuitConfig) -> list[Outputs]:
     """The output directions named by `--outputs` (see `pipelines.analysis.outputs`)."""
-    from pipelines.analysis.outputs import parse_outputs
-
     return parse_outputs(specs, basis, inputs, mlp, saes, cfg)
 
 
@@ -388,10 +388,6 @@ def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layer
                     input_site: str = "resid_mid", outputs: tuple[str, ...] = ("sae",), output_basis: str = "encoder",
                     allow_hookless: bool = False) -> list[str]:
     """Circuit tables of each layer and output set not yet current; returns those computed."""
-    from pipelines.analysis.ablation import gate_ablations
-    from pipelines.analysis.features import boosted_token_ids
-    from pipelines.analysis.verdicts import best_candidates
-
     held_digest = tokens_digest(store.held_out)
     done = []
     for layer in tqdm(layers, desc="circuits", unit="layer"):
@@ -431,8 +427,6 @@ def ensure_ablations(run: RunPaths, inputs: ModelInputs, store: TokenStore, cand
                      corr_rows: int, input_site: str = "resid_mid") -> pd.DataFrame:
     """Ablations of given gate candidates (rows of the gates table) that the layer's
     gate_ablation table lacks, added to it; returns the rows of all the candidates."""
-    from pipelines.analysis.ablation import gate_ablations
-    from pipelines.analysis.features import boosted_token_ids
 
     part = _part_name(input_site, "sae", "encoder")
     found = []
@@ -507,8 +501,6 @@ def ensure_features(run: RunPaths, inputs: ModelInputs, store: TokenStore, layer
     one site's SAEs leaves the others' descriptions as they are; all the SAEs still to do
     are described in one pass over the held-out rows.
     """
-    from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA, feature_tables
-
     held = held_out_digest(store)
     todo: dict[Point, tuple[LoadedSAE, Stamp, Path]] = {}
     for layer in layers:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import torch
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 

@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pipelines.lm.convert import convert_checkpoint
-from pipelines.lm.model import TOKENIZER_FILE, load_model
+from pipelines.data.tokenizer import TOKENIZER_FILE
+from pipelines.lm.model import load_model
 
 N_LAYER, D_MODEL, N_HEAD, D_HIDDEN, VOCAB, N_CTX = 2, 32, 4, 64, 100, 32
 D_HEAD = D_MODEL // N_HEAD

@@ -32,7 +32,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.engine.files import atomic_dir
-from pipelines.lm.model import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, ModelConfig, build_model, save_model
+from pipelines.data.tokenizer import TOKENIZER_FILE
+from pipelines.lm.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, build_model, save_model
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

@@ -19,7 +19,6 @@ from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATION
 
 from circuits.config import Config, option
 from circuits.weights import check_finite
-from pipelines.data.tokenizer import TOKENIZER_FILE
 from pipelines.engine.files import digest, text_digest, write_json
 
 
