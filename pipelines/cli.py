@@ -331,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="folder to write our checkpoint to")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json to use when the source folder has none")
     p.add_argument("--force", action="store_true", help="write over an existing model in --out")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--attention-scale", choices=["config", "on", "off"], default="config",
                    help="whether the attention output is scaled by 1/sqrt(2 n_layer): as the config's scale_attn "
                         "says (default), or state it for a config without that field")

@@ -8,12 +8,21 @@ position, rows ordered by sequence and then by position.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
 from transformer_lens import HookedTransformer
 
 from sae.sites import Point, check_points, hook_name
+
+
+def autocast(kind: str, device: str):
+    """A bfloat16 autocast context for model forward passes on `device` when `kind` is
+    "bf16" (meant for GPUs; it runs on a CPU too), else nothing."""
+    if kind == "bf16":
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def check_tokens(tokens: torch.Tensor, model: HookedTransformer | None = None) -> None:

@@ -47,6 +47,8 @@ class SAETrainConfig(Config):
     checkpoint_every: int = option(100, "optimiser steps between resumable checkpoints (a kill loses at most this many)",
                                    low=1, runtime=True)
     model_batch_rows: int = option(32, "rows per model forward pass", low=1, runtime=True)
+    autocast: str = option("none", "precision of the model's forward passes: none, or bf16 (GPUs; changes the activations "
+                           "slightly)", choices=("none", "bf16"))
 
     def check(self) -> None:
         if self.train_tokens < self.batch_size:

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 from transformer_lens import HookedTransformer
 
-from sae.activations import iter_activations
+from sae.activations import autocast, iter_activations
 from sae.sites import Point
 
 
@@ -54,14 +54,15 @@ class ActivationStream:
     """Batches `{point: [batch_size, d_model]}` for every point, from one model pass per fill."""
 
     def __init__(self, model: HookedTransformer, rows: Rows, points: list[Point], buffer_tokens: int,
-                 batch_size: int, seed: int, model_batch_rows: int = 32, dtype: torch.dtype = torch.float32):
+                 batch_size: int, seed: int, model_batch_rows: int = 32, dtype: torch.dtype = torch.float32,
+                 precision: str = "none"):
         n_ctx = rows.batch(slice(0, 1)).shape[1]
         self.model, self.rows, self.points = model, rows, points
         self.rows_per_fill = max(1, buffer_tokens // n_ctx)
         if self.rows_per_fill * (n_ctx - 1) < batch_size:
             raise ValueError(f"a buffer of {buffer_tokens} tokens holds less than one batch of {batch_size}")
         self.batch_size, self.seed = batch_size, seed
-        self.model_batch_rows, self.dtype = model_batch_rows, dtype
+        self.model_batch_rows, self.dtype, self.precision = model_batch_rows, dtype, precision
         self.position = StreamPosition()
 
     def _row_order(self, start: int, count: int) -> torch.Tensor:
@@ -81,9 +82,10 @@ class ActivationStream:
         order = self._row_order(cursor, self.rows_per_fill).sort().values  # file order: faster reads
         tokens = self.rows.batch(order.numpy())
         parts: dict[Point, list[torch.Tensor]] = {p: [] for p in self.points}
-        for found in iter_activations(self.model, tokens, self.points, self.rows.keep(tokens), self.model_batch_rows):
-            for point, acts in found.items():
-                parts[point].append(acts.to(self.dtype))
+        with autocast(self.precision, self.model.cfg.device):
+            for found in iter_activations(self.model, tokens, self.points, self.rows.keep(tokens), self.model_batch_rows):
+                for point, acts in found.items():
+                    parts[point].append(acts.to(self.dtype))
         buffers = {p: torch.cat(v) for p, v in parts.items()}
         n = next(iter(buffers.values())).shape[0]
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 104729 + self.position.fill))

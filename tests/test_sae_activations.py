@@ -154,3 +154,15 @@ def test_stream_resumed_from_its_position_continues_identically(model, tokens):
 def test_stream_refuses_a_buffer_smaller_than_a_batch(model, tokens):
     with pytest.raises(ValueError, match="less than one batch"):
         ActivationStream(model, _Rows(tokens), [(0, "mlp_out")], buffer_tokens=64, batch_size=500, seed=0)
+
+
+def test_stream_with_bf16_autocast_runs_on_cpu_and_stays_close(model, tokens):
+    """The GPU option's twin on the CPU: bf16 forward passes give the float32 batches, rounded."""
+    rows = _Rows(tokens)
+    points = [(1, "mlp_out")]
+    exact = next(iter(ActivationStream(model, rows, points, buffer_tokens=64 * 12, batch_size=50, seed=1)))
+    rounded = next(iter(ActivationStream(model, rows, points, buffer_tokens=64 * 12, batch_size=50, seed=1,
+                                         precision="bf16")))
+    assert rounded[points[0]].dtype == torch.float32
+    assert not torch.equal(rounded[points[0]], exact[points[0]])
+    torch.testing.assert_close(rounded[points[0]], exact[points[0]], rtol=0.05, atol=0.05)

@@ -10,7 +10,6 @@ the same data as an uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from circuits.config import Config, option
 from pipelines.data.tokens import TokenRows
 from pipelines.engine.files import atomic_file
 from pipelines.lm.model import ModelConfig, build_model, save_model
+from sae.activations import autocast
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.parquet"
@@ -61,13 +61,6 @@ def lr_at(step: int, n_steps: int, cfg: LMTrainConfig) -> float:
     progress = (step - warmup) / max(1, n_steps - warmup)
     floor = cfg.min_lr_frac
     return cfg.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def autocast(kind: str, device: str):
-    """A bf16 autocast context on `device` for `kind == "bf16"`, else nothing."""
-    if kind == "bf16":
-        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @torch.no_grad()
