@@ -143,3 +143,27 @@ def test_description_names_what_was_found():
     token = describe({"is_token_feature": True, "top_token": "the", "top_token_share": 0.8}, cfg)
     assert "token feature: 'the' (80%)" in token
     assert "predicts" not in describe({"boost_label": "negative", "boost_sd": 0.5}, cfg)
+
+
+def test_labels_need_a_share_well_above_the_base_rate_and_enough_tokens(tok):
+    rows, _ = rows_for(tok, TEXTS[:9])
+    cfg = FeatureConfig(n_contexts=1, n_samples=0)
+    n = rows.tokens.size
+    codes = torch.tensor([1, 2] * (n // 2) + [1] * (n % 2))  # two balanced classes of documents
+    acts = torch.zeros(n, 3)
+    acts[:, 0] = 1.0  # everywhere: 50% on either class, the base rate
+    acts[codes == 1, 1] = 1.0  # only on class 1
+    acts[torch.nonzero(codes == 1)[:5, 0], 2] = 1.0  # only on class 1, but on 5 tokens
+    tracker = _Tracker(3, 64, cfg, {"polarity": ["pos", "neg"]}, seed=0)
+    tracker.update(acts, torch.arange(n), torch.from_numpy(rows.tokens.reshape(-1)), {"polarity": codes})
+    windows = _Windows(rows, tok, cfg)
+    described = [_describe_feature(tracker, f, windows, None, None, {}, cfg) for f in range(3)]
+    assert described[0]["label"] is None  # 50% of a class that holds 50% of the tokens
+    assert described[1]["label"] == "polarity=pos" and described[1]["label_share"] == pytest.approx(1.0)
+    assert described[2]["label"] is None  # too few tokens to say
+    assert tracker.base_share("polarity", 0) == pytest.approx(0.5, abs=0.01)
+
+
+def test_punctuation_in_token_lists_is_quoted():
+    text = describe({"top_tokens": [",", "not", "##ing"], "boosted_tokens": [",", ".", "me", '"']}, FeatureConfig())
+    assert "on ',', not, ##ing" in text and "boosts ',', '.', me, '\"'" in text

@@ -59,6 +59,7 @@ FEATURE_LABELS_SCHEMA = pa.schema([
     ("channel", pa.string()), ("class", pa.string()),
     ("kind", pa.string()),  # activation_share | logit_boost
     ("value", pa.float64()),  # share of the activation, or boost in sd
+    ("lift", pa.float64()),  # activation_share: the share over the class's share of all tokens
     ("n_tokens", pa.int64()),  # logit_boost: lexicon tokens of the class behind the mean
 ])
 
@@ -77,6 +78,8 @@ class FeatureConfig(Config):
     min_lexicon_tokens: int = option(5, "a lexicon class needs this many whole-word tokens for a boost", low=1)
     token_feature_share: float = option(0.5, "share of activation on one token that flags a token feature", low=0.0, high=1.0)
     label_share: float = option(0.5, "share of activation on a label class that puts it in the description", low=0.0, high=1.0)
+    label_lift: float = option(1.5, "... if it is also this many times the class's share of all tokens", low=1.0)
+    min_label_tokens: int = option(20, "active tokens a feature needs before a label is given", low=1)
     boost_sd: float = option(1.0, "|boost_sd| that puts 'predicts ... words' in the description", low=0.0)
     batch_rows: int = option(32, "rows per model pass", low=1, runtime=True)
 
@@ -176,6 +179,7 @@ class _Tracker:
         self.sample = _Best(n_features, max(8 * cfg.n_samples, 1))
         self.classes = classes
         self.mass = {c: torch.zeros(n_features, len(v), dtype=torch.float64) for c, v in classes.items()}
+        self.class_tokens = {c: torch.zeros(len(v), dtype=torch.float64) for c, v in classes.items()}
         self.generator = torch.Generator().manual_seed(seed)
         self.n_tokens = 0
 
@@ -198,9 +202,15 @@ class _Tracker:
         magnitude = value.abs().double()
         for channel, codes in labels.items():
             n_classes = len(self.classes[channel]) + 1  # code 0: no class
+            self.class_tokens[channel] += torch.bincount(codes.long(), minlength=n_classes)[1:].double()
             where = feature * n_classes + codes[token].long()
             mass = torch.zeros(len(self.count) * n_classes, dtype=torch.float64).index_add_(0, where, magnitude)
             self.mass[channel] += mass.view(-1, n_classes)[:, 1:]
+
+
+    def base_share(self, channel: str, i: int) -> float:
+        """Share of the scanned tokens in class i of the channel."""
+        return float(self.class_tokens[channel][i]) / max(1, self.n_tokens)
 
 
 class _Windows:
@@ -276,13 +286,15 @@ def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, sa
             total = float(tracker.abs_total[f]) or float("nan")
             for channel, mass in tracker.mass.items():
                 for i, name in enumerate(tracker.classes[channel]):
+                    share = float(mass[f, i]) / total
+                    base = tracker.base_share(channel, i)
                     label_records.append({"layer": layer, "site": site, "feature": f, "channel": channel,
-                                          "class": name, "kind": "activation_share",
-                                          "value": float(mass[f, i]) / total, "n_tokens": None})
+                                          "class": name, "kind": "activation_share", "value": share,
+                                          "lift": share / base if base > 0 else float("nan"), "n_tokens": None})
             for name, (values, n) in boosts.items():
                 label_records.append({"layer": layer, "site": site, "feature": f, "channel": LEXICON_CHANNEL,
                                       "class": name, "kind": "logit_boost", "value": float(values[f]),
-                                      "n_tokens": n})
+                                      "lift": float("nan"), "n_tokens": n})
     features = pd.DataFrame(records, columns=FEATURES_SCHEMA.names)
     labels = pd.DataFrame(label_records, columns=FEATURE_LABELS_SCHEMA.names)
     return features, labels
@@ -343,11 +355,14 @@ def _describe_feature(tracker: _Tracker, f: int, windows: _Windows, effects, lis
     best_share = 0.0
     denominator = float(tracker.abs_total[f])
     for channel, mass_c in tracker.mass.items():
-        if denominator <= 0:
+        if denominator <= 0 or n_active < cfg.min_label_tokens:
             continue
         for i, name in enumerate(tracker.classes[channel]):
             share = float(mass_c[f, i]) / denominator
-            if share > best_share:
+            # a share no higher than the class's share of all tokens says nothing: with two
+            # balanced classes of documents every feature would get one at 50%
+            if share >= cfg.label_share and share >= cfg.label_lift * tracker.base_share(channel, i) \
+                    and share > best_share:
                 best_share = share
                 row["label"] = name if name == channel else f"{channel}={name}"
                 row["label_share"] = share
@@ -376,14 +391,19 @@ def describe(row: dict, cfg: FeatureConfig) -> str:
     parts = []
     if row.get("is_token_feature"):
         parts.append(f"token feature: {row['top_token']!r} ({row['top_token_share']:.0%})")
-    if row.get("label") and row.get("label_share", 0) >= cfg.label_share:
+    if row.get("label"):
         parts.append(f"{row['label']} {row['label_share']:.0%}")
     tokens = list(dict.fromkeys(row.get("top_tokens") or []))
     if tokens and not row.get("is_token_feature"):
-        parts.append("on " + ", ".join(tokens[:3]))
+        parts.append("on " + _listed(tokens[:3]))
     boost = row.get("boost_sd")
     if boost is not None and boost == boost and abs(boost) >= cfg.boost_sd:
         parts.append(f"predicts {row['boost_label']} words ({boost:+.1f} sd)")
     if row.get("boosted_tokens"):
-        parts.append("boosts " + ", ".join(row["boosted_tokens"][:4]))
+        parts.append("boosts " + _listed(row["boosted_tokens"][:4]))
     return "; ".join(parts)
+
+
+def _listed(tokens: list[str]) -> str:
+    """Tokens joined by commas, punctuation quoted so that `,` and `.` stay readable."""
+    return ", ".join(t if t.replace("#", "").replace("'", "").isalnum() else repr(t) for t in tokens)

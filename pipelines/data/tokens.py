@@ -77,11 +77,17 @@ class TokenRows:
         return torch.from_numpy(np.asarray(self.tokens[rows], dtype=np.int64))
 
     def keep(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Positions to analyse `[n, n_ctx]`: every token but BOS (an attention sink whose
-        activations are outliers no SAE should spend capacity on)."""
-        if self.bos_id is None:
-            return torch.ones_like(tokens, dtype=torch.bool)
-        return tokens != self.bos_id
+        """Positions to analyse `[n, n_ctx]`: every token but BOS and the first of each row.
+
+        Both are attention sinks whose activations are outliers no SAE should spend capacity
+        on and no description should show: BOS wherever it falls, and a row's first token,
+        which has nothing to attend to but itself even when it continues a document.
+        """
+        keep = torch.ones_like(tokens, dtype=torch.bool)
+        keep[:, 0] = False
+        if self.bos_id is not None:
+            keep &= tokens != self.bos_id
+        return keep
 
     def documents(self, rows: slice | np.ndarray) -> np.ndarray:
         """Document index of every token of the given rows, `[n, n_ctx]`."""
