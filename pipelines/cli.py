@@ -16,10 +16,17 @@ from pathlib import Path
 from pipelines.options import add_config, config_from
 
 DEFAULT_RUN = Path("results/demo")
-# Measured on this 2-core machine with a second busy process (benchmarks/bench_threads.py):
-# one torch thread ran every stage as fast or faster than two, and up to several times
-# faster under contention, so one is the default; --threads 0 keeps torch's own choice.
-DEFAULT_THREADS = 1
+# benchmarks/bench_threads.py on this 2-core machine: idle, 2 torch threads ran each stage
+# 1.5-1.8x faster than 1; beside one busy process, 1 thread ran 1.6-3x faster than 2 (every
+# thread waits on the slowest at each operation). So by default a command takes the cores
+# that are not busy when it starts (the load average says how many are).
+DEFAULT_THREADS = 0
+
+
+def auto_threads() -> int:
+    """Cores not busy with other work: the core count minus the 1-minute load average."""
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, cores - round(os.getloadavg()[0])))
 
 
 def _offline() -> None:
@@ -36,7 +43,7 @@ def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
     p.add_argument("--out", type=Path, default=DEFAULT_RUN,
                    help="run directory (default: %(default)s); see results/README.md for its layout")
     p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help="torch CPU threads (default: %(default)s, fastest on a busy 2-core machine; 0: torch's default)")
+                   help="torch CPU threads (default: 0, the cores not busy with other work when the command starts)")
     if device:
         p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
 
@@ -331,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="folder to write our checkpoint to")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json to use when the source folder has none")
     p.add_argument("--force", action="store_true", help="write over an existing model in --out")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="torch CPU threads (default: 0, the cores not busy when the command starts)")
     p.add_argument("--attention-scale", choices=["config", "on", "off"], default="config",
                    help="whether the attention output is scaled by 1/sqrt(2 n_layer): as the config's scale_attn "
                         "says (default), or state it for a config without that field")
@@ -416,10 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.engine.lock import RunBusyError, run_lock
 
     try:
-        if getattr(args, "threads", 0):
-            import torch
+        import torch
 
-            torch.set_num_threads(args.threads)
+        torch.set_num_threads(getattr(args, "threads", 0) or auto_threads())
         if args.command == "convert":
             args.func(args)
         else:
