@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from pipelines.options import add_config, config_from
@@ -19,14 +20,32 @@ DEFAULT_RUN = Path("results/demo")
 # benchmarks/bench_threads.py on this 2-core machine: idle, 2 torch threads ran each stage
 # 1.5-1.8x faster than 1; beside one busy process, 1 thread ran 1.6-3x faster than 2 (every
 # thread waits on the slowest at each operation). So by default a command takes the cores
-# that are not busy when it starts (the load average says how many are).
+# that are not busy when it starts.
 DEFAULT_THREADS = 0
 
 
-def auto_threads() -> int:
-    """Cores not busy with other work: the core count minus the 1-minute load average."""
+def auto_threads(sample_s: float = 0.3) -> int:
+    """Cores not busy with other work now: the core count minus the cores the other
+    processes kept busy over a short sample of /proc/stat (the load average lags by a
+    minute: a finished job would still count). Elsewhere, the load average."""
     cores = os.cpu_count() or 1
-    return max(1, min(cores, cores - round(os.getloadavg()[0])))
+
+    def ticks() -> tuple[int, int] | None:
+        try:
+            values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle and iowait
+        return sum(values) - idle, sum(values)
+
+    before = ticks()
+    if before is None:
+        busy = os.getloadavg()[0]
+    else:
+        time.sleep(sample_s)
+        after = ticks()
+        busy = cores * (after[0] - before[0]) / max(1, after[1] - before[1])
+    return max(1, min(cores, cores - round(busy)))
 
 
 def _offline() -> None:
