@@ -118,9 +118,9 @@ def analyse_layer(
     """All circuit tables of one layer (see the module docstring).
 
     `sae_in` is the input SAE, on `input_site` (`resid_mid` before the norm, or `mlp_in`
-    after it). `batches()` returns a fresh iterable of `LayerBatch`es of the same tokens;
-    it is read twice when the outputs are SAE features (correlations and co-activation,
-    then the gate candidates' statistics) and not at all otherwise. `timings`, if given,
+    after it). `batches()` returns an iterable of `LayerBatch`es; it is read once when the
+    outputs are SAE features (the gate statistics reread the latents from a sparse copy,
+    a few k values per token) and not at all otherwise. `timings`, if given,
     accumulates seconds per stage. Everything runs on the device of `mlp.W_gate`.
     """
     if input_site not in INPUT_SITES:
@@ -183,7 +183,7 @@ def analyse_layer(
         activation_share = first["eigen_activation"] / first["act_sum"][:, None].where(
             first["act_sum"][:, None] != 0, torch.tensor(float("nan"), dtype=torch.float64))
         with _timed(timings, "gate_statistics"), _intra_op_threads(threads):
-            data = _gate_pass(batches, mlp, basis, directions, gate_pairs, first, cfg, layer, progress)
+            data = _gate_pass(mlp, basis, directions, gate_pairs, first, cfg, layer, progress)
     tables["eigen"] = _eigen_frame(torch.cat(stored), torch.cat(energy), activation_share, layer)
     tables["gates"] = _gates_frame(gate_pairs, data, cfg, layer, mlp, basis, directions)
     if data is not None:
@@ -204,8 +204,12 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
     coactive = torch.zeros(n_out, n_in, dtype=torch.float64, device=device)
     high = torch.full((n_out,), float("-inf"), dtype=torch.float64, device=device)
     low = torch.full((n_out,), float("inf"), dtype=torch.float64, device=device)
+    # the gate pass reads the same tokens' sparse latents again: kept here, compressed (a
+    # few k per token), they spare it a second model pass
+    sparse = []
     for batch in rebatch(tqdm(batches(), desc=f"layer {layer} tokens", disable=not progress),
                          cfg.token_batch, lam.dtype, device):
+        sparse.append((batch.z.to_sparse_csr(), batch.scale, batch.acts.to_sparse_csr()))
         token, feature = batch.acts.nonzero(as_tuple=True)
         if token.numel() == 0:
             continue
@@ -223,10 +227,11 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
     n_active, corr = stats.result(cfg.min_active)
     finite = torch.isfinite(high)
     return {"n_active": n_active, "corr": corr, "eigen_activation": eigen_activation, "act_sum": act_sum,
-            "coactive": coactive, "max": torch.where(finite, high, 0.0), "min": torch.where(finite, low, 0.0)}
+            "coactive": coactive, "max": torch.where(finite, high, 0.0), "min": torch.where(finite, low, 0.0),
+            "sparse": sparse}
 
 
-def _gate_pass(batches, mlp, basis, directions, weight_pairs, first, cfg, layer, progress) -> dict:
+def _gate_pass(mlp, basis, directions, weight_pairs, first, cfg, layer, progress) -> dict:
     """Data statistics of each output's candidate pairs: its weight pairs and co-active pairs."""
     candidates = merge_candidates([weight_pairs, coactive_pairs(first["coactive"], cfg.n_coactive)])
     n_out, width = candidates.shape
@@ -236,9 +241,8 @@ def _gate_pass(batches, mlp, basis, directions, weight_pairs, first, cfg, layer,
         mlp.W_gate, mlp.W_in, mlp.W_out, basis, directions, out, i, j).view(n_out, width)
     cross, self_a, self_b = 2 * coefficient(a, b), coefficient(a, a), coefficient(b, b)
     stats = GateStats(candidates, cross.double(), first["max"], first["min"], basis.shape[1] - 1, cfg.n_bins)
-    for batch in rebatch(tqdm(batches(), desc=f"layer {layer} gates", disable=not progress),
-                         cfg.token_batch, basis.dtype, basis.device):
-        stats.update(batch.z, batch.scale, batch.acts)
+    for z, scale, acts in tqdm(first["sparse"], desc=f"layer {layer} gates", disable=not progress):
+        stats.update(z.to_dense(), scale, acts.to_dense())
     return {"candidates": candidates, "cross": cross, "self_a": self_a, "self_b": self_b,
             "stats": stats.result(cfg.truth_quantile)}
 

@@ -34,9 +34,11 @@ COLUMNS = ["layer", "out_feature", "in_a", "in_b", "layer_rank", "ablated", "n_t
 
 @torch.no_grad()
 def gate_ablations(model, layer: int, saes, mlp: MLPWeights, outputs: Outputs, chosen: pd.DataFrame,
-                   boosted: dict[int, list[int]], rows: TokenRows, n_rows: int, batch_rows: int = 32) -> pd.DataFrame:
+                   boosted: dict[int, list[int]], rows: TokenRows, n_rows: int, max_tokens: int = 256,
+                   batch_rows: int = 32) -> pd.DataFrame:
     """One row per (candidate, ablation) for the `chosen` rows of the layer's gates table,
-    on the tokens of the first `n_rows` rows where both inputs are active."""
+    on the first `max_tokens` tokens of the first `n_rows` rows where both inputs are active.
+    The ablated passes run only the rows that hold such tokens."""
     if chosen.empty or outputs.sae is None:
         return pd.DataFrame(columns=COLUMNS)
     sae_in, sae_out = saes.sae_in.weights, outputs.sae
@@ -44,33 +46,49 @@ def gate_ablations(model, layer: int, saes, mlp: MLPWeights, outputs: Outputs, c
     gain = getattr(model.blocks[layer].ln2, "w", None)
     eps = float(model.cfg.eps)
     totals: dict[tuple, torch.Tensor] = {}
+    seen: dict[tuple, int] = {}
     device = sae_in.W_dec.device
+    candidates = [(int(g.out_feature), int(g.in_a), int(g.in_b), int(g.layer_rank) if pd.notna(g.layer_rank) else -1)
+                  for g in chosen.itertuples(index=False)]
+    Q = {f: interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, outputs.directions[f : f + 1].to(mlp.W_gate))[0]
+         for f, _, _, _ in candidates}
     for _, tokens in rows.iter_batches(batch_rows, n_rows):
+        todo = [c for c in candidates if seen.get(c, 0) < max_tokens]
+        if not todo:
+            break
         tokens = tokens.to(device)
         keep = rows.keep(tokens)
         clean = _run(model, layer, tokens, site, gain, eps, None)
         z = sae_in.encode(clean["input"])  # [b, pos, n_in]
-        for g in chosen.itertuples(index=False):
-            f, a, b = int(g.out_feature), int(g.in_a), int(g.in_b)
+        for candidate in todo:
+            f, a, b, rank = candidate
             where = keep & (z[..., a] != 0) & (z[..., b] != 0)
+            room = max_tokens - seen.get(candidate, 0)
+            if int(where.sum()) > room:  # keep the first `room` positions, in reading order
+                flat = where.reshape(-1)
+                flat[flat.nonzero()[room:, 0]] = False
             if not where.any():
                 continue
-            Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, outputs.directions[f : f + 1].to(mlp.W_gate))[0]
-            y, s = _reconstruction(clean["input"][where], z[where], sae_in, site, mlp.g, eps)
-            before = _measure(clean, where, f, sae_out, boosted.get(f, []))
+            seen[candidate] = seen.get(candidate, 0) + int(where.sum())
+            used = where.any(-1)  # rows holding the tokens: the only ones worth a pass
+            part = {key: value[used] for key, value in clean.items()}
+            where_part, z_part = where[used], z[used]
+            y, s = _reconstruction(part["input"][where_part], z_part[where_part], sae_in, site, mlp.g, eps)
+            before = _measure(part, where_part, f, sae_out, boosted.get(f, []))
             for ablated in ABLATIONS:
                 drop = [a] if ablated == "a" else [b] if ablated == "b" else [a, b]
-                removal = torch.zeros_like(clean["input"])
-                removal[where] = z[where][:, drop] @ sae_in.W_dec[drop]
-                after = _measure(_run(model, layer, tokens, site, gain, eps, removal), where, f, sae_out,
+                removal = torch.zeros_like(part["input"])
+                removal[where_part] = z_part[where_part][:, drop] @ sae_in.W_dec[drop]
+                after = _measure(_run(model, layer, tokens[used], site, gain, eps, removal), where_part, f, sae_out,
                                  boosted.get(f, []))
-                r_abl = clean["input"][where] - removal[where]
-                y_abl, s_abl = _reconstruction(r_abl, None, sae_in, site, mlp.g, eps, y - _to_mlp(removal[where], site, mlp.g))
-                predicted = s_abl * quadratic_form(Q, y_abl) - s * quadratic_form(Q, y)
-                row = torch.stack([where.sum().double(), before["act"].sum(), after["act"].sum(), before["pre"].sum(),
-                                   after["pre"].sum(), predicted.double().sum(), before["logprob"].sum(),
-                                   after["logprob"].sum()])
-                key = (f, a, b, int(g.layer_rank) if pd.notna(g.layer_rank) else -1, ablated)
+                r_abl = part["input"][where_part] - removal[where_part]
+                y_abl, s_abl = _reconstruction(r_abl, None, sae_in, site, mlp.g, eps,
+                                               y - _to_mlp(removal[where_part], site, mlp.g))
+                predicted = s_abl * quadratic_form(Q[f], y_abl) - s * quadratic_form(Q[f], y)
+                row = torch.stack([where_part.sum().double(), before["act"].sum(), after["act"].sum(),
+                                   before["pre"].sum(), after["pre"].sum(), predicted.double().sum(),
+                                   before["logprob"].sum(), after["logprob"].sum()])
+                key = (f, a, b, rank, ablated)
                 totals[key] = totals.get(key, 0) + row.cpu()
     records = []
     for (f, a, b, rank, ablated), t in totals.items():
