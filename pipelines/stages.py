@@ -86,7 +86,8 @@ def ensure_tokens(run: RunPaths, source: str, tok: Tokenizer, n_ctx: int, cfg: C
     inputs = {"corpus": corpus_digest(source), "tokenizer": text_digest(tok.to_str())}
     if cfg.lexicon:
         inputs["lexicon"] = digest(cfg.lexicon)
-    stamp = Stamp("tokens", inputs, {"n_ctx": n_ctx, **cfg.recipe()})
+    # the lexicon counts by its content (an input above), not by where its file lies
+    stamp = Stamp("tokens", inputs, {"n_ctx": n_ctx, **cfg.recipe(), "lexicon": bool(cfg.lexicon)})
     folder = run.tokens / text_digest(stamp.to_json())[:16]
     if stamps.is_current(folder / STAMP, stamp):
         return open_token_store(folder)
@@ -147,7 +148,8 @@ def ensure_lm(run: RunPaths, source: str, corpus_cfg: CorpusConfig, model_cfg: M
     write_json(lm / "train_config.json", train_cfg.to_json())
     write_json(lm / SUMMARY_FILE, summary)
     np.save(lm / "token_counts.npy", store.token_counts())
-    write_json(lm / CORPUS_FILE, {"source": _portable(source, lm), "config": corpus_cfg.to_json()})
+    recorded = corpus_cfg.replace(lexicon=_portable(corpus_cfg.lexicon, lm)) if corpus_cfg.lexicon else corpus_cfg
+    write_json(lm / CORPUS_FILE, {"source": _portable(source, lm), "config": recorded.to_json()})
     (lm / STATE_FILE).unlink(missing_ok=True)
     stamps.begin(lm / WORK_STAMP)
     stamps.finish(lm / STAMP, stamp)
@@ -188,15 +190,24 @@ def _tokenizer_texts(source: str, cfg: CorpusConfig, limit: int):
                     return
 
 
+RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run
+
+
 def _portable(source: str, lm: Path) -> str:
-    """A corpus path relative to the model folder when it lies in the same run (moves with it)."""
+    """A path as recorded next to the model: relative to the run when it lies in it."""
     path = Path(source)
     if source.startswith("hf:") or not path.exists():
         return source
     try:
-        return "@lm/" + str(path.resolve().relative_to(lm.resolve().parent))
+        return RUN_RELATIVE + str(path.resolve().relative_to(lm.resolve().parent))
     except ValueError:
         return str(path.resolve())
+
+
+def _resolved(recorded: str, model_dir: Path) -> str:
+    if recorded.startswith(RUN_RELATIVE):
+        return str(Path(model_dir).parent / recorded[len(RUN_RELATIVE):])
+    return recorded
 
 
 def trained_corpus(model_dir: Path) -> tuple[str, CorpusConfig] | None:
@@ -204,10 +215,10 @@ def trained_corpus(model_dir: Path) -> tuple[str, CorpusConfig] | None:
     data = read_json(Path(model_dir) / CORPUS_FILE)
     if data is None:
         return None
-    source = data["source"]
-    if source.startswith("@lm/"):
-        source = str(Path(model_dir).parent / source[4:])
-    return source, CorpusConfig.from_json(data["config"])
+    cfg = CorpusConfig.from_json(data["config"])
+    if cfg.lexicon:
+        cfg = cfg.replace(lexicon=_resolved(cfg.lexicon, model_dir))
+    return _resolved(data["source"], model_dir), cfg
 
 
 # ------------------------------------------------------------------ the inputs of the analysis stages

@@ -397,3 +397,13 @@ def test_no_stale_design_references():
         if path.name == Path(__file__).name:
             continue
         assert "DESIGN.md" not in path.read_text(), path
+
+
+def test_tokens_of_a_copied_run_are_reused(run, tmp_path, capsys):
+    """The lexicon counts by its content, not by where its file lies (a copied run's corpus
+    folder ships its own copy of the lexicon)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    before = sorted(p.name for p in (copy / "tokens").iterdir())
+    _ok(["circuits", "--out", str(copy), *CIRCUITS])
+    assert sorted(p.name for p in (copy / "tokens").iterdir()) == before
