@@ -56,8 +56,9 @@ WORK_STAMP = ".work.json"  # stamp of an unfinished training run in the same fol
 CORPUS_FILE = "corpus.json"  # in lm/: the corpus the model was trained on, for later stages' defaults
 SUMMARY_FILE = "summary.json"  # in lm/: held-out loss, bits per byte, behaviour
 SAE_CHECKPOINT_STAMP = ".checkpoint.json"
-# written into the stamps of the table stages: tables of an older format are recomputed
-TABLE_FORMAT = 2
+# written into the stamps of the stages: outputs of an older format are recomputed (3: BOS and
+# each row's first token are left out of SAE training, statistics and descriptions)
+TABLE_FORMAT = 3
 ABLATION_ROWS = 256  # held-out rows searched for tokens where a candidate's inputs are both active
 METRICS_TABLE = "sae_metrics"
 SAE_METRICS_SCHEMA_COLUMNS = ["layer", "site", "hook", "d_in", "d_sae", "k", "train_tokens", "eval_tokens", "nmse",
@@ -275,7 +276,7 @@ def ensure_saes(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: l
     model_inputs = {"model": inputs.digest, "tokens": tokens_digest(store.train)}
 
     def stamp(point: Point) -> Stamp:
-        return Stamp("train-saes", model_inputs, {"recipe": cfg.recipe(), "point": list(point)})
+        return Stamp("train-saes", model_inputs, {"format": TABLE_FORMAT, "recipe": cfg.recipe(), "point": list(point)})
 
     todo = []
     for point in points:
