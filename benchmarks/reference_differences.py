@@ -384,14 +384,14 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
               f"{pct(same) if n_rows == 1024 else 'n/a (--rows != 1024)':>27}")
 
     print("\n3.3 BOS: theirs drop position 0 of each row (a row = one document, BOS first, right-padded);")
-    print("    ours pack documents BOS-first into rows and drop every BOS, wherever it falls.")
+    print("    ours pack documents BOS-first into rows and drop every BOS, wherever it falls, and each row's first")
+    print("    token (an attention sink even where it continues a document).")
     tok = np.asarray(held.tokens[:n_rows])
     bos = tok == held.bos_id
     n_bos, first = int(bos.sum()), int(bos[:, 0].sum())
     print(f"    held-out rows used: {n_rows} x {tok.shape[1]} tokens; BOS tokens {n_bos}, of them at position 0: "
           f"{first}, elsewhere: {n_bos - first} ({pct((n_bos - first) / max(n_bos, 1))} of BOS; their rule would keep "
-          f"these); rows whose position 0 is a text token: {n_rows - first} ({pct((n_rows - first) / n_rows)}; their "
-          f"rule would drop those tokens, {n_rows - first} in all); no padding in ours.")
+          f"these); no padding in ours.")
 
     print("\n3.4 TopK: sae-lens/ours zero negative kept values (ReLU after TopK), theirs keep them "
           "(negative activations).")
