@@ -445,7 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        torch.set_num_threads(getattr(args, "threads", 0) or auto_threads())
+        threads = getattr(args, "threads", 0)
+        if not threads:
+            threads = auto_threads()
+            # the thread count changes torch's CPU sums in the last bits: say it, to repeat a run
+            print(f"{threads} torch thread(s): the cores not busy now (--threads N to fix)", file=sys.stderr)
+        torch.set_num_threads(threads)
         if args.command == "convert":
             args.func(args)
         else:
