@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--shots", type=Path, default=None, help="folder for screenshots")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     args = parser.parse_args()
-    run = RunPaths(args.run)
+    run = RunPaths(args.run.resolve())  # file URIs need an absolute path
     start = time.perf_counter()
     index = write_explorer(run)
     build = time.perf_counter() - start

@@ -110,10 +110,13 @@ def synthetic_run(root: Path, layers=(0, 1), n_out: int = 12, n_in: int = 16, si
                     labels.append({"site": site, "feature": f, "channel": "context", "class": cls, "kind": "activation_share",
                                    "value": float(rng.random()), "n_tokens": None})
         features = pd.DataFrame(feats)
-        if "features" not in skip:
-            write_table(features, run.tables, "features", layer, FEATURES_SCHEMA)
-        if "feature_labels" not in skip:
-            write_table(pd.DataFrame(labels), run.tables, "feature_labels", layer, FEATURE_LABELS_SCHEMA)
+        labels = pd.DataFrame(labels)
+        for site in ("mlp_out", *sites):  # one part per site, as the features stage writes them
+            if "features" not in skip:
+                write_table(features[features["site"] == site], run.tables, "features", layer, FEATURES_SCHEMA, part=site)
+            if "feature_labels" not in skip:
+                write_table(labels[labels["site"] == site], run.tables, "feature_labels", layer, FEATURE_LABELS_SCHEMA,
+                            part=site)
         if "sae_metrics" not in skip:
             metrics = pd.DataFrame([{"site": s, "hook": f"blocks.{layer}.hook_{s}", "d_in": 8,
                                      "d_sae": n_out if s == "mlp_out" else n_in, "k": 2, "nmse": 0.1, "l0": 2.0}
@@ -131,7 +134,8 @@ def plant(run: RunPaths, layer: int, site: str, feature: int, description: str =
     if context is not None:
         index = features.index[hit][0]
         features.at[index, "top_contexts"] = [context] + list(features.at[index, "top_contexts"])[1:]
-    write_table(features, run.tables, "features", layer, FEATURES_SCHEMA)
+    rows = features[features["site"] == site]
+    write_table(rows, run.tables, "features", layer, FEATURES_SCHEMA, part=site)
 
 
 def load_data(run: RunPaths, name: str):
