@@ -708,6 +708,8 @@
     const wanted = params.get("in");
     state.site = wanted && meta.input_sites.indexOf(wanted) >= 0 ? wanted : meta.input_sites[0] || "resid_mid";
     renderHeader();
+    // Plotly's first start takes about a second: fetch it alongside the data of a page with plots
+    if (parts[0] === "out" || parts[0] === "layer") needPlotly();
     try {
       if (!parts.length) renderIndex();
       else if (parts[0] === "layer" && parts.length === 2) await renderLayer(toInt(parts[1]));
