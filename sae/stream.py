@@ -12,7 +12,9 @@ rows start, how many of its batches were used), so a training run resumed from a
 checkpoint sees exactly the batches an uninterrupted run would have seen: resuming refills
 the current buffer from the same rows and skips the batches already used. Rows are visited
 in a fresh seeded permutation per epoch; tokens of a fill that do not make a whole batch
-are left out.
+are left out. Given the number of batches a run takes, the last fill reads only the rows
+those batches need (as if every row but its first token were kept; a short fill is followed
+by another), so a short run does not pay for a whole buffer's model pass.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ class StreamPosition:
     fill: int = 0  # index of the current fill
     cursor: int = 0  # position in the row order where the current fill's rows start
     offset: int = 0  # batches of the current fill already handed out
+    before: int = 0  # batches handed out by the earlier fills
 
     def to_json(self) -> dict:
-        return {"fill": self.fill, "cursor": self.cursor, "offset": self.offset}
+        return {"fill": self.fill, "cursor": self.cursor, "offset": self.offset, "before": self.before}
 
 
 class ActivationStream:
@@ -55,9 +58,10 @@ class ActivationStream:
 
     def __init__(self, model: HookedTransformer, rows: Rows, points: list[Point], buffer_tokens: int,
                  batch_size: int, seed: int, model_batch_rows: int = 32, dtype: torch.dtype = torch.float32,
-                 precision: str = "none"):
+                 precision: str = "none", total_batches: int | None = None):
         n_ctx = rows.batch(slice(0, 1)).shape[1]
-        self.model, self.rows, self.points = model, rows, points
+        self.model, self.rows, self.points, self.n_ctx = model, rows, points, n_ctx
+        self.total_batches = total_batches
         self.rows_per_fill = max(1, buffer_tokens // n_ctx)
         if self.rows_per_fill * (n_ctx - 1) < batch_size:
             raise ValueError(f"a buffer of {buffer_tokens} tokens holds less than one batch of {batch_size}")
@@ -76,10 +80,17 @@ class ActivationStream:
             out[sel] = perm[positions[sel] % n]
         return out
 
+    def _fill_rows(self) -> int:
+        """Rows of the current fill: a whole buffer, or fewer when the run needs fewer batches."""
+        if self.total_batches is None:
+            return self.rows_per_fill
+        needed = max(1, self.total_batches - self.position.before) * self.batch_size
+        return min(self.rows_per_fill, -(-needed // (self.n_ctx - 1)))
+
     @torch.no_grad()
-    def _fill(self, cursor: int) -> dict[Point, torch.Tensor]:
+    def _fill(self, cursor: int, n_rows: int) -> dict[Point, torch.Tensor]:
         """The activations of the kept tokens of one fill's rows, shuffled alike at every point."""
-        order = self._row_order(cursor, self.rows_per_fill).sort().values  # file order: faster reads
+        order = self._row_order(cursor, n_rows).sort().values  # file order: faster reads
         tokens = self.rows.batch(order.numpy())
         parts: dict[Point, list[torch.Tensor]] = {p: [] for p in self.points}
         with autocast(self.precision, self.model.cfg.device):
@@ -96,10 +107,12 @@ class ActivationStream:
         """Endless batches from the current position on; `self.position` always says where
         the next batch comes from."""
         while True:
-            buffers = self._fill(self.position.cursor)
+            n_rows = self._fill_rows()
+            buffers = self._fill(self.position.cursor, n_rows)
             n_batches = next(iter(buffers.values())).shape[0] // self.batch_size
             while self.position.offset < n_batches:
                 s = slice(self.position.offset * self.batch_size, (self.position.offset + 1) * self.batch_size)
                 self.position.offset += 1
                 yield {p: b[s] for p, b in buffers.items()}
-            self.position = StreamPosition(self.position.fill + 1, self.position.cursor + self.rows_per_fill, 0)
+            position = self.position
+            self.position = StreamPosition(position.fill + 1, position.cursor + n_rows, 0, position.before + n_batches)

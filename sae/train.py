@@ -59,7 +59,7 @@ def train_saes(
         raise ValueError("resolve the config first: SAETrainConfig.resolve(d_model)")
     trainers = build_trainers(points, model.cfg.d_model, cfg, device)
     stream = ActivationStream(model, rows, points, cfg.buffer_tokens, cfg.batch_size, cfg.seed,
-                              cfg.model_batch_rows, precision=cfg.autocast)
+                              cfg.model_batch_rows, precision=cfg.autocast, total_batches=cfg.train_steps)
     step = 0
     if resume is not None:
         for point, trainer in trainers.items():

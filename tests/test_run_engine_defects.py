@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -367,6 +368,29 @@ def test_report_layers_option_is_honoured(run, tmp_path):
     _ok(["report", "--out", str(copy), "--layers", "0"])
     page = (copy / "report/index.html").read_text()
     assert "layer 0" in page and "layer 1" not in page
+
+
+def _bars(err: str) -> dict[str, str]:
+    """The last state each progress bar printed on stderr, by its description."""
+    last = {}
+    for state in re.split(r"[\r\n]+", err):
+        found = re.match(r"\s*([^:|]+): *\d+%\|", state)
+        if found:
+            last[found.group(1).strip()] = state
+    return last
+
+
+def test_every_progress_bar_finishes(run, tmp_path, capsys):
+    """No bar is left behind at 0% (sae-lens's was), and the report shows its progress."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    capsys.readouterr()
+    _ok(["train-saes", "--out", str(copy), "--train-tokens", "20480", "--k", "4"])
+    _ok(["report", "--out", str(copy)])
+    bars = _bars(capsys.readouterr().err)
+    assert "report" in bars and any(name.startswith("train") for name in bars), bars
+    unfinished = {name: state for name, state in bars.items() if "100%|" not in state}
+    assert not unfinished, unfinished
 
 
 def test_help_texts_state_what_the_defaults_are(capsys):

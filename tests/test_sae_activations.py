@@ -151,6 +151,44 @@ def test_stream_resumed_from_its_position_continues_identically(model, tokens):
         assert torch.equal(got[points[0]], expected[points[0]])
 
 
+class _CountingRows(_Rows):
+    def __init__(self, tokens):
+        super().__init__(tokens)
+        self.reads = []
+
+    def batch(self, rows):
+        out = super().batch(rows)
+        self.reads.append(len(out))
+        return out
+
+
+def test_the_last_fill_reads_only_the_rows_its_batches_need(model):
+    """A fill holds 6 batches; for 8 the second fill runs the model on 4 rows, not 10."""
+    tokens = torch.randint(2, 512, (40, 64), generator=torch.Generator().manual_seed(2))
+    tokens[:, 0] = BOS  # 63 kept tokens a row
+    rows = _CountingRows(tokens)
+    stream = ActivationStream(model, rows, [(0, "mlp_out")], buffer_tokens=64 * 10, batch_size=100, seed=0,
+                              total_batches=8)
+    rows.reads.clear()
+    batches = list(itertools.islice(iter(stream), 8))
+    assert len(batches) == 8 and rows.reads == [10, 4]  # 200 tokens need ceil(200 / 63) rows
+
+
+def test_a_resumed_stream_trims_its_last_fill_alike(model, tokens):
+    rows = _Rows(tokens)
+    points = [(1, "resid_mid")]
+    make = lambda: ActivationStream(model, rows, points, buffer_tokens=64 * 3, batch_size=40, seed=5,  # noqa: E731
+                                    model_batch_rows=4, total_batches=12)
+    batches = list(itertools.islice(iter(make()), 12))
+    first = make()
+    head = list(itertools.islice(iter(first), 7))
+    resumed = make()
+    resumed.position = StreamPosition(**first.position.to_json())
+    tail = list(itertools.islice(iter(resumed), 5))
+    for got, expected in zip(head + tail, batches, strict=True):
+        assert torch.equal(got[points[0]], expected[points[0]])
+
+
 def test_stream_refuses_a_buffer_smaller_than_a_batch(model, tokens):
     with pytest.raises(ValueError, match="less than one batch"):
         ActivationStream(model, _Rows(tokens), [(0, "mlp_out")], buffer_tokens=64, batch_size=500, seed=0)
