@@ -218,13 +218,16 @@ def main() -> None:
     cpu_hours = steps_full * BATCH / new["tokens_per_s_per_sae"] / 3600
     # GPU assumption: one H100 running the model forward in bf16 and the SAEs in fp32/TF32
     # at 35% of its dense peaks (990 TFLOP/s bf16, 495 TFLOP/s TF32), the sparse parts and
-    # data movement doubling the SAE time. Not measured: no GPU was available here.
+    # data movement doubling the SAE time; small SAEs on a GPU are bound by kernel launches
+    # as much as by arithmetic, so the upper figure adds 1 ms per SAE step for launches and
+    # the optimiser. Not measured: no GPU was available here.
     forward = PAPER_TOKENS * forward_flops_per_token() / (0.35 * 990e12)
     saes = 2 * 12 * steps_full * sae_step_flops() / (0.35 * 495e12)
+    overhead = 12 * steps_full * 1e-3
     print(f"\nprojected full run (150M tokens per SAE, all 12 SAEs): this machine {cpu_hours:.0f} h "
-          f"({cpu_hours / 24:.1f} days); one H100 about {(forward + saes) / 3600:.2f} h "
-          "(assumed: 35% of its dense bf16/TF32 peaks, SAE time doubled for sparse ops; not measured here)")
-
+          f"({cpu_hours / 24:.1f} days); one H100 {(forward + saes) / 60:.0f} to {(forward + saes + overhead) / 60:.0f} "
+          "minutes (assumed, not measured: 35% of its dense bf16/TF32 peaks, SAE time doubled for sparse ops, "
+          "and for the upper figure 1 ms of launch and optimiser overhead per SAE step)")
 
 if __name__ == "__main__":
     main()

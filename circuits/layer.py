@@ -15,12 +15,14 @@ Tables (columns and types in `circuits.tables`):
   cosine is positive);
 - `lowrank`: per output feature and rank r, the active-only correlation of the rank-r
   approximation with its real activation;
+- `lowrank_samples`: per output feature, a seeded random sample of its active tokens with
+  the activation and the rank-r approximations there (for scatter plots);
 - `hosvd`: singular values, when the outputs are HOSVD directions.
 
 Outputs are any directions in mlp_out (`Outputs`): the output SAE's encoder rows (the
 default) or decoder rows, token unembedding directions, HOSVD directions, or vectors from a
-file. Only SAE features have activations, so only they get `lowrank`, data gate statistics
-and truth tables. Coefficients are those of `z'^T Qt z'` (see `circuits.sae_basis`).
+file. Only SAE features have activations, so only they get `lowrank`, `lowrank_samples`,
+data gate statistics and truth tables. Coefficients are those of `z'^T Qt z'` (see `circuits.sae_basis`).
 """
 
 from __future__ import annotations
@@ -37,12 +39,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from circuits.bilinear import hosvd, interaction_matrices
+from circuits.bilinear import hosvd, interaction_matrices, output_constant
 from circuits.config import Config, option
 from circuits.gates import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
-from circuits.sae_basis import INPUT_SITES, input_basis
-from circuits.spectra import ActiveCorrelation, eigh_by_magnitude, lowrank_at, rebatch
+from circuits.sae_basis import INPUT_SITES, input_basis, preactivation_offset
+from circuits.spectra import ActiveCorrelation, eigh_by_magnitude, lowrank_at, rebatch, smallest_per_group
 from circuits.weights import MLPWeights, SAEWeights
 
 
@@ -63,6 +65,8 @@ class CircuitConfig(Config):
     truth_quantile: float = option(0.9, "upper quantile of the output's activation shown per truth-table cell", low=0.0, high=1.0)
     n_bins: int = option(64, "histogram bins per truth-table cell (the quantile's resolution)", low=2)
     max_rank: int = option(8, "largest rank r of the low-rank approximations that are correlated", low=1)
+    n_samples: int = option(64, "active tokens per output feature (a seeded random sample) whose activation and "
+                                "low-rank approximations are stored, for scatter plots", low=0)
     n_eigen_store: int = option(32, "eigenvalues stored per output feature, by |eigenvalue|", low=1)
     n_eigen_inputs: int = option(8, "input features listed per top eigenvector, by |cosine|", low=1)
     min_active: int = option(20, "fewer active tokens than this give NaN correlations and no data gate rank", low=1)
@@ -180,6 +184,14 @@ def analyse_layer(
         with _timed(timings, "correlations"), _intra_op_threads(threads):
             first = _first_pass(batches, lam, vec, n_in, cfg, layer, progress)
         tables["lowrank"] = _lowrank_frame(first["n_active"], first["corr"], layer)
+        offset = None
+        if outputs.name == "sae":  # encoder rows: the form plus c_f is the pre-activation
+            f64 = lambda t: t.to(device, torch.float64)  # noqa: E731
+            sae_out = outputs.sae
+            offset = preactivation_offset(f64(sae_out.W_enc), f64(sae_out.b_enc), f64(sae_out.b_dec),
+                                          sae_out.apply_b_dec_to_input,
+                                          output_constant(f64(mlp.W_out), f64(mlp.b_in), f64(mlp.b_out)))
+        tables["lowrank_samples"] = _samples_frame(first["samples"], offset, layer)
         activation_share = first["eigen_activation"] / first["act_sum"][:, None].where(
             first["act_sum"][:, None] != 0, torch.tensor(float("nan"), dtype=torch.float64))
         with _timed(timings, "gate_statistics"), _intra_op_threads(threads):
@@ -207,6 +219,9 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
     # the gate pass reads the same tokens' sparse latents again: kept here, compressed (a
     # few k per token), they spare it a second model pass
     sparse = []
+    keys = torch.Generator().manual_seed(7919 + layer)  # the sample's random keys, in token order
+    samples = tuple(torch.empty(0, dtype=t, device=device) for t in (torch.long, torch.float64, lam.dtype))
+    samples += (torch.empty(0, R, dtype=lam.dtype, device=device),)
     for batch in rebatch(tqdm(batches(), desc=f"layer {layer} tokens", disable=not progress),
                          cfg.token_batch, lam.dtype, device):
         sparse.append((batch.z.to_sparse_csr(), batch.scale, batch.acts.to_sparse_csr()))
@@ -216,6 +231,10 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
         approx = lowrank_at(batch.x, lam, vec, token, feature)  # [p, R], cumulative
         act = batch.acts[token, feature]
         stats.update(approx, act, feature)
+        if cfg.n_samples:
+            key = torch.rand(len(feature), generator=keys, dtype=torch.float64).to(device)
+            pool = [torch.cat(pair) for pair in zip(samples, (feature, key, act, approx))]
+            samples = tuple(t[smallest_per_group(pool[0], pool[1], cfg.n_samples, n_out)] for t in pool)
         terms = torch.diff(approx, dim=1, prepend=torch.zeros_like(approx[:, :1]))
         eigen_activation.index_add_(0, feature, terms.double())
         act_sum.index_add_(0, feature, act.double())
@@ -228,7 +247,7 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
     finite = torch.isfinite(high)
     return {"n_active": n_active, "corr": corr, "eigen_activation": eigen_activation, "act_sum": act_sum,
             "coactive": coactive, "max": torch.where(finite, high, 0.0), "min": torch.where(finite, low, 0.0),
-            "sparse": sparse}
+            "sparse": sparse, "samples": samples}
 
 
 def _gate_pass(mlp, basis, directions, weight_pairs, first, cfg, layer, progress) -> dict:
@@ -443,6 +462,21 @@ def _eigen_inputs_frame(reads: torch.Tensor, cosines: torch.Tensor, layer: int) 
         "layer": layer, "out_feature": _np(out.reshape(-1)), "eigen_rank": _np(rank.reshape(-1)),
         "input_rank": _np(position.reshape(-1)), "in_feature": _np(reads.reshape(-1)),
         "cosine": _np(cosines.reshape(-1)),
+    })
+
+
+def _samples_frame(samples: tuple, offset: torch.Tensor | None, layer: int) -> pd.DataFrame:
+    """Long form of the sampled tokens: one row per (feature, sample, rank)."""
+    feature, _, act, approx = samples  # ordered by feature, then key
+    R = approx.shape[1]
+    counts = torch.bincount(feature)
+    sample = torch.arange(len(feature), device=feature.device) - (counts.cumsum(0) - counts)[feature] + 1
+    offsets = offset[feature] if offset is not None else torch.full_like(act, float("nan"))
+    repeat = lambda t: _np(t.unsqueeze(1).expand(len(t), R).reshape(-1))  # noqa: E731
+    return pd.DataFrame({
+        "layer": layer, "out_feature": repeat(feature), "sample": repeat(sample),
+        "n_eigs": np.tile(np.arange(1, R + 1), len(feature)), "activation": repeat(act.double()),
+        "approx": _np(approx.double().reshape(-1)), "offset": repeat(offsets.double()),
     })
 
 

@@ -55,6 +55,18 @@ def lowrank_at(
     return approx
 
 
+def smallest_per_group(group: torch.Tensor, key: torch.Tensor, k: int, n_groups: int) -> torch.Tensor:
+    """Indices of the `k` smallest keys of each group: with random keys, a random sample of
+    at most `k` members per group. `group [p]` int64 in `[0, n_groups)`, `key [p]` in [0, 1);
+    returns `[m]` indices, ordered by group, then key."""
+    order = torch.argsort(group.double() + key.double())
+    sorted_group = group[order]
+    counts = torch.bincount(sorted_group, minlength=n_groups)
+    starts = counts.cumsum(0) - counts
+    within = torch.arange(len(order), device=group.device) - starts[sorted_group]
+    return order[within < k]
+
+
 class ActiveCorrelation:
     """Pearson correlation per (feature, rank) over the pairs seen, streamed.
 

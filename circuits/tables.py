@@ -83,6 +83,13 @@ SCHEMAS = {
         ("n_active", pa.int64()),  # tokens where the feature is active
         ("corr_active", pa.float64()),  # Pearson over active tokens; NaN if too few
     ]),
+    "lowrank_samples": pa.schema(_KEYS + [
+        ("sample", pa.int64()),  # 1.. n_samples: a seeded random sample of the feature's active tokens
+        ("n_eigs", pa.int64()),  # r: eigenpairs in the approximation
+        ("activation", pa.float64()),  # the output feature's activation at that token
+        ("approx", pa.float64()),  # sum of the r largest eigen-terms lambda (v . x)^2 there
+        ("offset", pa.float64()),  # c_f with pre-activation = x^T Q x + c_f (encoder rows only; else null)
+    ]),
     "hosvd": pa.schema([("layer", pa.int64()), ("outputs", pa.string()), ("input_site", pa.string()),
                         ("component", pa.int64()), ("singular_value", pa.float64())]),
 }

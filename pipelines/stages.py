@@ -340,7 +340,7 @@ def _write_metrics_table(run: RunPaths, layer: int) -> None:
 
 
 CIRCUIT_TABLES = ("interactions", "gates", "eigen", "eigen_inputs")
-ACTIVE_TABLES = ("lowrank", "gate_truth", "gate_ablation")  # only for outputs that are SAE features
+ACTIVE_TABLES = ("lowrank", "lowrank_samples", "gate_truth", "gate_ablation")  # only for outputs that are SAE features
 
 
 @dataclass

@@ -231,7 +231,7 @@ def test_tables_do_not_depend_on_chunking_or_threads():
             max_rank=10, min_active=5, n_truth=20, dtype="float64",
         )
         frames.append(analyse_layer(mlp, sae_in, outputs, lambda: split(batch, size), cfg, layer=3))
-    assert set(frames[0]) == {"interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank"}
+    assert set(frames[0]) == {"interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "lowrank_samples"}
     assert len(frames[0]["gate_truth"]) > 0 and frames[0]["gates"].and_data.notna().any()
     for other in frames[1:]:
         for name in frames[0]:
@@ -243,6 +243,10 @@ def test_tables_do_not_depend_on_chunking_or_threads():
     np.testing.assert_allclose(enough.corr_active, 1.0, atol=1e-9)
     assert full[full.n_active < 5].corr_active.isna().all()
     assert full.n_active.tolist() == (batch.acts != 0).sum(0).tolist()
+    samples = frames[0]["lowrank_samples"]
+    top = samples[samples.n_eigs == 10]  # at full rank, plus the offset: the activation exactly
+    assert len(top) > 0
+    np.testing.assert_allclose(top.approx + top.offset, top.activation, rtol=1e-9, atol=1e-9)
 
 
 def test_eigen_tables_match_numpy_on_random_weights():

@@ -195,3 +195,44 @@ def test_planted_rank_two_feature_eigen_tables():
     corr = tables["lowrank"].pivot(index="out_feature", columns="n_eigs", values="corr_active")
     assert corr.loc[f, 1] < 0.99
     np.testing.assert_allclose(corr.loc[[f, h], 2], 1.0, atol=1e-12)
+
+
+def test_lowrank_samples_reach_the_activation_at_the_planted_rank():
+    """The stored per-token samples: approximation plus offset equals the activation exactly
+    at the feature's true rank (one for f1, two for f2) and not below it; at most
+    `n_samples` distinct active tokens per feature, the same whatever the token batch."""
+    gen = torch.Generator().manual_seed(1)
+    enc = orthonormal(N_OUT, D, gen)
+    v = orthonormal(3, D, gen)
+    f1, f2 = 1, 4
+    extra = [(torch.randn(D, generator=gen, dtype=F64), torch.randn(D, generator=gen, dtype=F64),
+              enc[f]) for f in range(N_OUT) if f not in (f1, f2)]
+    mlp = mlp_from_units([(v[0], 2 * v[0], enc[f1]), (v[1], v[1], enc[f2]), (v[2], -0.7 * v[2], enc[f2])] + extra,
+                         noise_units=0, gen=gen)
+    out = sae(enc, b_dec=torch.randn(D, generator=gen, dtype=F64), b_enc=torch.randn(N_OUT, generator=gen, dtype=F64))
+    dec = torch.randn(N_IN, D, generator=gen, dtype=F64)
+    x = torch.randn(3000, D, generator=gen, dtype=F64)
+    mlp_out = ((x @ mlp.W_gate) * (x @ mlp.W_in) + mlp.b_in) @ mlp.W_out + mlp.b_out
+    acts = topk_acts((mlp_out - out.b_dec) @ out.W_enc + out.b_enc, k=3)
+    outputs = Outputs("sae", output_directions(out.W_enc), sae=out)
+    frames = []
+    for token_batch in (1000, 256):
+        cfg = CircuitConfig(max_rank=3, n_samples=40, token_batch=token_batch, chunk_size=3, dtype="float64")
+        frames.append(analyse_layer(mlp, sae(dec), outputs, _batches(x, sae(dec), acts, 700), cfg, layer=0,
+                                    input_site="mlp_in")["lowrank_samples"])
+    samples = frames[0]
+    keys = ["out_feature", "sample", "n_eigs", "activation", "offset"]
+    assert samples[keys].equals(frames[1][keys])  # the same tokens (products may differ in the last bits)
+    assert np.allclose(samples.approx, frames[1].approx, rtol=1e-12, atol=1e-12)
+    per_feature = samples[samples.n_eigs == 1].groupby("out_feature").size()
+    active = (acts != 0).sum(0)
+    assert per_feature.to_dict() == {f: min(40, int(n)) for f, n in enumerate(active.tolist()) if n}
+    fitted = samples.approx + samples.offset
+    exact = lambda f, r: np.allclose(fitted[(samples.out_feature == f) & (samples.n_eigs == r)],  # noqa: E731
+                                     samples.activation[(samples.out_feature == f) & (samples.n_eigs == r)],
+                                     rtol=0, atol=1e-9)
+    assert exact(f1, 1) and exact(f2, 2) and not exact(f2, 1)
+    for f in (f1, f2):
+        mine = samples[(samples.out_feature == f) & (samples.n_eigs == 1)]
+        assert set(mine.activation).issubset(set(acts[:, f][acts[:, f] != 0].tolist()))
+        assert mine.activation.nunique() == len(mine)  # distinct tokens

@@ -17,7 +17,7 @@ from circuits.tables import SCHEMAS
 from pipelines.engine.tables import write_table
 
 D, H, N_IN, N_OUT, T = 8, 12, 10, 6, 200
-ACTIVE_TABLES = {"lowrank", "gate_truth"}  # only for outputs that are SAE features, with tokens
+ACTIVE_TABLES = {"lowrank", "lowrank_samples", "gate_truth"}  # only for outputs that are SAE features, with tokens
 WEIGHT_TABLES = {"interactions", "gates", "eigen", "eigen_inputs"}
 
 

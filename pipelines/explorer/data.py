@@ -16,8 +16,9 @@ fetch() there). The files (`data/<name>.js`):
   correlation, the best data-ranked gate pair, the top eigenvalue's energy share).
 - `features_L<l>`: the `features` and `feature_labels` rows of layer l, every site.
 - `circuits_L<l>_<site>`: the `interactions`, `gates`, `gate_truth`, `gate_ablation`,
-  `eigen`, `eigen_inputs` and `lowrank` rows of layer l whose input SAE reads `site`, for
-  the output SAE's features (`outputs == "sae"`), sorted by output feature.
+  `eigen`, `eigen_inputs`, `lowrank` and `lowrank_samples` (ranks 1, 2 and the largest
+  stored) rows of layer l whose input SAE reads `site`, for the output SAE's features
+  (`outputs == "sae"`), sorted by output feature.
 
 A table is `{"n": rows, "columns": {name: [values]}, "categories": {name: [labels]}}`; a
 column named in "categories" holds integer codes into its labels (-1 for null). Floats
@@ -65,7 +66,10 @@ CIRCUIT_TABLES = {
                          cats=[], sort=["out_feature", "eigen_rank", "input_rank"]),
     "lowrank": dict(need=["layer", "out_feature", "n_eigs", "n_active", "corr_active"], cats=[],
                     sort=["out_feature", "n_eigs"]),
+    "lowrank_samples": dict(need=["layer", "out_feature", "sample", "n_eigs", "activation", "approx", "offset"],
+                            cats=[], sort=["out_feature", "n_eigs", "sample"]),
 }
+SAMPLE_RANKS = (1, 2)  # ranks of lowrank_samples exported, with the largest stored
 FEATURE_COLUMNS = ["site", "feature", "frequency", "max_activation", "mean_activation", "top_contexts",
                    "top_tokens", "sample_contexts", "sample_quantiles", "top_token", "top_token_share",
                    "is_token_feature", "boosted_tokens", "suppressed_tokens", "label", "label_share", "boost_label",
@@ -393,6 +397,8 @@ def circuits_bundle(tables: RunTables, layer: int, site: str) -> dict:
             out[name] = None
             continue
         mine = df[df["layer"] == layer].sort_values(spec["sort"], kind="stable")
+        if name == "lowrank_samples" and len(mine):  # the scatter shows these ranks only
+            mine = mine[mine["n_eigs"].isin([*SAMPLE_RANKS, int(mine["n_eigs"].max())])]
         columns = [c for c in spec["need"] if c != "layer"]
         out[name] = encode_table(mine, columns, spec["cats"])
     return out

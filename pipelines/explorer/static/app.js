@@ -458,16 +458,38 @@
     if (!t) return html + missingNote("lowrank");
     const rows = rowsOf(t, "out_feature", f).map((i) => rec(t, i)).sort((a, b) => a.n_eigs - b.n_eigs);
     if (!rows.length) return html + '<p class="note">No low-rank correlations stored for this feature.</p>';
-    const report = meta.report ? ' (<a href="../report/index.html">open the report</a>)' : "";
     html += `<p class="note">Pearson correlation, over the ${fmt(rows[0].n_active)} held-out tokens where the feature is active, of its
-      activation with the approximation keeping the r largest eigenpairs (null: too few tokens). The per-token scatter of
-      activation against approximation is not in the tables: the report draws it for each layer's top gate candidates${report}.</p>` +
+      activation with the approximation keeping the r largest eigenpairs (null: too few tokens).</p>` +
       `<div class="cols"><div class="grow">${plotSlot("lowrank-plot", 260)}</div><div class="side">` +
       tableHtml(["r", "correlation"], rows.map((r) => [r.n_eigs, fmt(r.corr_active)]), "compact lowrank") + `</div></div>`;
     jobs.push(() => plot("lowrank-plot", [{ type: "scatter", mode: "lines+markers", x: rows.map((r) => r.n_eigs), y: rows.map((r) => r.corr_active),
       hovertemplate: "r = %{x}: correlation <b>%{y:.4g}</b><extra></extra>" }],
       { xaxis: { title: { text: "eigenpairs kept (r)" }, dtick: 1 }, yaxis: { title: { text: "active-only correlation" }, range: [-0.05, 1.05] },
         margin: { l: 60, r: 10, t: 10, b: 45 } }));
+    html += `<h3>Activation against its approximations</h3>`;
+    const st = T(C && C.lowrank_samples);
+    if (!st) return html + missingNote("lowrank_samples", "the lowrank_samples table: no per-token scatter");
+    const samples = rowsOf(st, "out_feature", f).map((i) => rec(st, i));
+    if (!samples.length) return html + '<p class="note">No sampled tokens for this feature.</p>';
+    const ranks = [...new Set(samples.map((r) => r.n_eigs))].sort((a, b) => a - b);
+    const withOffset = samples.every((r) => isNum(r.offset));
+    const y = (r) => r.approx + (withOffset ? r.offset : 0);
+    const acts = samples.map((r) => r.activation);
+    const lo = Math.min(...acts), hi = Math.max(...acts);
+    const colours = ["#4a78a8", "#e08a2c", "#3a9a5b"];
+    const traces = ranks.map((rank, k) => {
+      const mine = samples.filter((r) => r.n_eigs === rank);
+      return { type: "scatter", mode: "markers", name: `r = ${rank}`, x: mine.map((r) => r.activation), y: mine.map(y),
+        marker: { size: 6, opacity: 0.7, color: colours[k % colours.length] },
+        hovertemplate: `r = ${rank}: activation %{x:.4g}, approximation %{y:.4g}<extra></extra>` };
+    });
+    if (withOffset) traces.push({ type: "scatter", mode: "lines", name: "full rank (exact)", x: [lo, hi], y: [lo, hi],
+      line: { color: "#888", dash: "dot" }, hoverinfo: "skip" });
+    html += `<p class="note">${samples.length / ranks.length} of its active held-out tokens, drawn at random. ` +
+      (withOffset ? "The approximation includes the output's constant offset, so at full rank every point lies on the dotted diagonal (an exact identity)."
+        : "These outputs have no constant offset stored: the approximation is the quadratic form alone.") + `</p>` + plotSlot("samples-plot", 320);
+    jobs.push(() => plot("samples-plot", traces, { xaxis: { title: { text: "activation" } }, yaxis: { title: { text: "rank-r approximation" } },
+      legend: { orientation: "h", y: 1.12 }, margin: { l: 60, r: 10, t: 30, b: 45 } }));
     return html;
   }
 
