@@ -7,6 +7,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from pipelines.cli import main
 
@@ -19,10 +20,10 @@ CIRCUITS = ["--top-n", "10", "--max-rank", "4", "--corr-rows", "64", "--min-acti
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A tiny run built stage by stage with the subcommands."""
+    """A tiny run built stage by stage with the subcommands, each given the device as a string."""
     out = tmp_path_factory.mktemp("run")
-    base = ["--out", str(out)]
-    assert main(["corpus", *base, "--n-stories", "2000", "--seed", "1"]) == 0
+    assert main(["corpus", "--out", str(out), "--n-stories", "2000", "--seed", "1"]) == 0
+    base = ["--out", str(out), "--device", "cpu"]
     assert main(["train-lm", *base, "--preset", "tiny", "--train-tokens", "40000", "--vocab-size", "600"]) == 0
     assert main(["train-saes", *base, "--layers", "all", "--sites", "resid_mid,mlp_out",
                  "--train-tokens", "40960", "--batch-size", "1024", "--k", "4"]) == 0
@@ -90,6 +91,11 @@ def test_bad_input_gives_clear_errors(run, tmp_path, capsys):
     assert "single --layer" in capsys.readouterr().err
     assert main(["circuits", "--out", str(run), "--layers", "0", "--outputs", "logit:zzzqqq"]) == 2
     assert "'zzzqqq' is not one token" in capsys.readouterr().err
+    assert main(["features", "--out", str(run), "--device", "tpu"]) == 2
+    assert "--device must be auto, cpu, cuda or cuda:N, not 'tpu'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["report", "--out", str(run), "--device", "cuda:0"]) == 2
+        assert "no CUDA device is available here" in capsys.readouterr().err
 
 
 def test_module_entry_point_help():
