@@ -382,11 +382,12 @@ def _bars(err: str) -> dict[str, str]:
 
 def test_every_progress_bar_finishes(run, tmp_path, capsys):
     """No bar is left behind at 0% (sae-lens's was), and the report shows its progress."""
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy)
+    retrain, report = tmp_path / "retrain", tmp_path / "report"
+    shutil.copytree(run, retrain)
+    shutil.copytree(run, report)
     capsys.readouterr()
-    _ok(["train-saes", "--out", str(copy), "--train-tokens", "20480", "--k", "4"])
-    _ok(["report", "--out", str(copy)])
+    _ok(["train-saes", "--out", str(retrain), "--train-tokens", "20480", "--k", "4"])
+    _ok(["report", "--out", str(report)])
     bars = _bars(capsys.readouterr().err)
     assert "report" in bars and any(name.startswith("train") for name in bars), bars
     unfinished = {name: state for name, state in bars.items() if "100%|" not in state}
