@@ -183,8 +183,9 @@ def test_export_matches_tables(tmp_path):
     run = synthetic_run(tmp_path / "run")
     write_explorer(run)
     for layer in (0, 1):
-        bundle = load_data(run, f"circuits_L{layer}_resid_mid")
+        files = {f: load_data(run, f"{f}_L{layer}_resid_mid") for f in ("circuits", "samples")}
         for name, spec in xdata.CIRCUIT_TABLES.items():
+            bundle = files[spec.get("file", "circuits")]
             source = read_table(run.tables, name, [layer]).sort_values(spec["sort"], kind="stable").reset_index(drop=True)
             if name == "lowrank_samples":  # ranks 1, 2 and the largest (4) only
                 source = source[source["n_eigs"] != 3].reset_index(drop=True)
@@ -254,7 +255,7 @@ def test_site_files_work_offline(tmp_path):
         assert src in html and (run.explorer / src).is_file()
     names = sorted(p.name for p in (run.explorer / "data").iterdir())
     assert names == sorted(["meta.js", "index.js", "features_L0.js", "features_L1.js", "circuits_L0_resid_mid.js",
-                            "circuits_L1_resid_mid.js"])
+                            "circuits_L1_resid_mid.js", "samples_L0_resid_mid.js", "samples_L1_resid_mid.js"])
     for path in (run.explorer / "data").iterdir():
         xdata.parse_script(path.read_text(encoding="utf-8"))  # valid JSON inside
     # rewriting replaces the folder (no stale files)
@@ -535,6 +536,11 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     assert js_number(best["contribution_share"]) in page.text("table.gates")
     assert p.locator(".gate-card table.truth").count() >= 1 and p.locator(".gate-card .verdict").count() >= 1
     assert p.locator("#heatmap .main-svg").count() >= 1 and p.locator("#spectrum .main-svg").count() >= 1
+    # the scatter of sampled tokens: as many points per rank as the table holds for the feature
+    samples = read_table(run.tables, "lowrank_samples", [layer])
+    samples = samples[(samples["out_feature"] == out) & (samples["outputs"] == "sae")]
+    points = p.evaluate("document.getElementById('samples-plot').data.filter(t => t.mode === 'markers').map(t => t.x.length)")
+    assert points and set(points) == {int((samples["n_eigs"] == 1).sum())}
     # hover a heatmap cell: the pair and its coefficient; click it: links to both inputs
     cell = p.evaluate("""() => {
         const el = document.getElementById('heatmap'), t = el.data[0], xa = el._fullLayout.xaxis, ya = el._fullLayout.yaxis;

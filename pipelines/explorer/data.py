@@ -16,9 +16,10 @@ fetch() there). The files (`data/<name>.js`):
   correlation, the best data-ranked gate pair, the top eigenvalue's energy share).
 - `features_L<l>`: the `features` and `feature_labels` rows of layer l, every site.
 - `circuits_L<l>_<site>`: the `interactions`, `gates`, `gate_truth`, `gate_ablation`,
-  `eigen`, `eigen_inputs`, `lowrank` and `lowrank_samples` (ranks 1, 2 and the largest
-  stored) rows of layer l whose input SAE reads `site`, for the output SAE's features
-  (`outputs == "sae"`), sorted by output feature.
+  `eigen`, `eigen_inputs` and `lowrank` rows of layer l whose input SAE reads `site`, for
+  the output SAE's features (`outputs == "sae"`), sorted by output feature.
+- `samples_L<l>_<site>`: the same for `lowrank_samples` (ranks 1, 2 and the largest
+  stored), in a file of its own: only a scatter plot needs it, after the page is shown.
 
 A table is `{"n": rows, "columns": {name: [values]}, "categories": {name: [labels]}}`; a
 column named in "categories" holds integer codes into its labels (-1 for null). Floats
@@ -66,8 +67,8 @@ CIRCUIT_TABLES = {
                          cats=[], sort=["out_feature", "eigen_rank", "input_rank"]),
     "lowrank": dict(need=["layer", "out_feature", "n_eigs", "n_active", "corr_active"], cats=[],
                     sort=["out_feature", "n_eigs"]),
-    "lowrank_samples": dict(need=["layer", "out_feature", "sample", "n_eigs", "activation", "approx", "offset"],
-                            cats=[], sort=["out_feature", "n_eigs", "sample"]),
+    "lowrank_samples": dict(need=["layer", "out_feature", "n_eigs", "activation", "approx", "offset"],
+                            cats=[], sort=["out_feature", "n_eigs", "sample"], file="samples"),
 }
 SAMPLE_RANKS = (1, 2)  # ranks of lowrank_samples exported, with the largest stored
 FEATURE_COLUMNS = ["site", "feature", "frequency", "max_activation", "mean_activation", "top_contexts",
@@ -389,9 +390,12 @@ def features_bundle(tables: RunTables, layer: int) -> dict:
     return out
 
 
-def circuits_bundle(tables: RunTables, layer: int, site: str) -> dict:
+def circuits_bundle(tables: RunTables, layer: int, site: str, file: str = "circuits") -> dict:
+    """The circuit tables of data file `file` (`circuits` or `samples`) for one layer and site."""
     out = {}
     for name, spec in CIRCUIT_TABLES.items():
+        if spec.get("file", "circuits") != file:
+            continue
         df = for_site(tables.get(name), site)
         if df is None:
             out[name] = None
@@ -476,4 +480,5 @@ def bundles(run: RunPaths) -> dict[str, object]:
         out[f"features_L{layer}"] = features_bundle(tables, layer)
         for site in sites:
             out[f"circuits_L{layer}_{site}"] = circuits_bundle(tables, layer, site)
+            out[f"samples_L{layer}_{site}"] = circuits_bundle(tables, layer, site, "samples")
     return out

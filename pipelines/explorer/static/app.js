@@ -452,7 +452,7 @@
     return html;
   }
 
-  function lowrankSection(C, f, jobs) {
+  function lowrankSection(C, layer, f, jobs) {
     let html = `<h2 id="lowrank">Low-rank approximations</h2>`;
     const t = T(C && C.lowrank);
     if (!t) return html + missingNote("lowrank");
@@ -466,30 +466,36 @@
       hovertemplate: "r = %{x}: correlation <b>%{y:.4g}</b><extra></extra>" }],
       { xaxis: { title: { text: "eigenpairs kept (r)" }, dtick: 1 }, yaxis: { title: { text: "active-only correlation" }, range: [-0.05, 1.05] },
         margin: { l: 60, r: 10, t: 10, b: 45 } }));
-    html += `<h3>Activation against its approximations</h3>`;
-    const st = T(C && C.lowrank_samples);
-    if (!st) return html + missingNote("lowrank_samples", "the lowrank_samples table: no per-token scatter");
-    const samples = rowsOf(st, "out_feature", f).map((i) => rec(st, i));
-    if (!samples.length) return html + '<p class="note">No sampled tokens for this feature.</p>';
-    const ranks = [...new Set(samples.map((r) => r.n_eigs))].sort((a, b) => a - b);
-    const withOffset = samples.every((r) => isNum(r.offset));
-    const y = (r) => r.approx + (withOffset ? r.offset : 0);
-    const acts = samples.map((r) => r.activation);
-    const lo = Math.min(...acts), hi = Math.max(...acts);
-    const colours = ["#4a78a8", "#e08a2c", "#3a9a5b"];
-    const traces = ranks.map((rank, k) => {
-      const mine = samples.filter((r) => r.n_eigs === rank);
-      return { type: "scatter", mode: "markers", name: `r = ${rank}`, x: mine.map((r) => r.activation), y: mine.map(y),
-        marker: { size: 6, opacity: 0.7, color: colours[k % colours.length] },
-        hovertemplate: `r = ${rank}: activation %{x:.4g}, approximation %{y:.4g}<extra></extra>` };
+    html += `<h3>Activation against its approximations</h3><div id="samples-box">${plotSlot("samples-plot", 320)}</div>`;
+    const token = state.routeToken;
+    jobs.push(async () => {
+      const S = await need(`samples_L${layer}_${state.site}`);
+      const box = document.getElementById("samples-box");
+      if (!box || token !== state.routeToken) return;
+      const st = T(S && S.lowrank_samples);
+      if (!st) { box.innerHTML = missingNote("lowrank_samples", "the lowrank_samples table: no per-token scatter"); return; }
+      const samples = rowsOf(st, "out_feature", f).map((i) => rec(st, i));
+      if (!samples.length) { box.innerHTML = '<p class="note">No sampled tokens for this feature.</p>'; return; }
+      const ranks = [...new Set(samples.map((r) => r.n_eigs))].sort((a, b) => a - b);
+      const withOffset = samples.every((r) => isNum(r.offset));
+      const y = (r) => r.approx + (withOffset ? r.offset : 0);
+      const acts = samples.map((r) => r.activation);
+      const lo = Math.min(...acts), hi = Math.max(...acts);
+      const colours = ["#4a78a8", "#e08a2c", "#3a9a5b"];
+      const traces = ranks.map((rank, k) => {
+        const mine = samples.filter((r) => r.n_eigs === rank);
+        return { type: "scatter", mode: "markers", name: `r = ${rank}`, x: mine.map((r) => r.activation), y: mine.map(y),
+          marker: { size: 6, opacity: 0.7, color: colours[k % colours.length] },
+          hovertemplate: `r = ${rank}: activation %{x:.4g}, approximation %{y:.4g}<extra></extra>` };
+      });
+      if (withOffset) traces.push({ type: "scatter", mode: "lines", name: "full rank (exact)", x: [lo, hi], y: [lo, hi],
+        line: { color: "#888", dash: "dot" }, hoverinfo: "skip" });
+      box.insertAdjacentHTML("afterbegin", `<p class="note">${samples.length / ranks.length} of its active held-out tokens, drawn at random. ` +
+        (withOffset ? "The approximation includes the output's constant offset, so at full rank every point lies on the dotted diagonal (an exact identity)."
+          : "These outputs have no constant offset stored: the approximation is the quadratic form alone.") + `</p>`);
+      await plot("samples-plot", traces, { xaxis: { title: { text: "activation" } }, yaxis: { title: { text: "rank-r approximation" } },
+        legend: { orientation: "h", y: 1.12 }, margin: { l: 60, r: 10, t: 30, b: 45 } });
     });
-    if (withOffset) traces.push({ type: "scatter", mode: "lines", name: "full rank (exact)", x: [lo, hi], y: [lo, hi],
-      line: { color: "#888", dash: "dot" }, hoverinfo: "skip" });
-    html += `<p class="note">${samples.length / ranks.length} of its active held-out tokens, drawn at random. ` +
-      (withOffset ? "The approximation includes the output's constant offset, so at full rank every point lies on the dotted diagonal (an exact identity)."
-        : "These outputs have no constant offset stored: the approximation is the quadratic form alone.") + `</p>` + plotSlot("samples-plot", 320);
-    jobs.push(() => plot("samples-plot", traces, { xaxis: { title: { text: "activation" } }, yaxis: { title: { text: "rank-r approximation" } },
-      legend: { orientation: "h", y: 1.12 }, margin: { l: 60, r: 10, t: 30, b: 45 } }));
     return html;
   }
 
@@ -576,7 +582,7 @@
     document.title = `L${layer} out #${f}: ${head.row ? head.row.description || "" : ""}`;
     const jobs = [];
     const sections = [
-      interactionsSection(C, layer, f, fi, jobs), eigenSection(C, layer, f, fi, jobs), lowrankSection(C, f, jobs), gatesSection(C || {}, layer, f, fi),
+      interactionsSection(C, layer, f, fi, jobs), eigenSection(C, layer, f, fi, jobs), lowrankSection(C, layer, f, jobs), gatesSection(C || {}, layer, f, fi),
     ];
     main.innerHTML = `<div class="page-head"><h1>Layer ${layer} &middot; output feature #${f}</h1>${pager("out", layer, f, n)}</div>
       <p class="note">Site mlp_out; circuits read through the input SAE on <b>${esc(state.site)}</b>. Jump to:
