@@ -44,7 +44,8 @@ from circuits.config import Config, option
 from circuits.gates import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
 from circuits.sae_basis import INPUT_SITES, input_basis, preactivation_offset
-from circuits.spectra import ActiveCorrelation, eigh_by_magnitude, lowrank_at, rebatch, smallest_per_group
+from circuits.spectra import (ActiveCorrelation, eigh_by_magnitude, group_positions, lowrank_at, rebatch,
+                              smallest_per_group)
 from circuits.weights import MLPWeights, SAEWeights
 
 
@@ -234,7 +235,7 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
         if cfg.n_samples:
             key = torch.rand(len(feature), generator=keys, dtype=torch.float64).to(device)
             pool = [torch.cat(pair) for pair in zip(samples, (feature, key, act, approx))]
-            samples = tuple(t[smallest_per_group(pool[0], pool[1], cfg.n_samples, n_out)] for t in pool)
+            samples = tuple(t[smallest_per_group(pool[0], pool[1], cfg.n_samples)] for t in pool)
         terms = torch.diff(approx, dim=1, prepend=torch.zeros_like(approx[:, :1]))
         eigen_activation.index_add_(0, feature, terms.double())
         act_sum.index_add_(0, feature, act.double())
@@ -469,8 +470,7 @@ def _samples_frame(samples: tuple, offset: torch.Tensor | None, layer: int) -> p
     """Long form of the sampled tokens: one row per (feature, sample, rank)."""
     feature, _, act, approx = samples  # ordered by feature, then key
     R = approx.shape[1]
-    counts = torch.bincount(feature)
-    sample = torch.arange(len(feature), device=feature.device) - (counts.cumsum(0) - counts)[feature] + 1
+    sample = group_positions(feature) + 1
     offsets = offset[feature] if offset is not None else torch.full_like(act, float("nan"))
     repeat = lambda t: _np(t.unsqueeze(1).expand(len(t), R).reshape(-1))  # noqa: E731
     return pd.DataFrame({

@@ -55,16 +55,20 @@ def lowrank_at(
     return approx
 
 
-def smallest_per_group(group: torch.Tensor, key: torch.Tensor, k: int, n_groups: int) -> torch.Tensor:
+def group_positions(sorted_group: torch.Tensor) -> torch.Tensor:
+    """0-based position of each entry within its group: `sorted_group [p]` int64, each
+    group's entries adjacent and the groups ascending; returns `[p]` int64."""
+    counts = torch.bincount(sorted_group)
+    starts = counts.cumsum(0) - counts
+    return torch.arange(len(sorted_group), device=sorted_group.device) - starts[sorted_group]
+
+
+def smallest_per_group(group: torch.Tensor, key: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the `k` smallest keys of each group: with random keys, a random sample of
-    at most `k` members per group. `group [p]` int64 in `[0, n_groups)`, `key [p]` in [0, 1);
+    at most `k` members per group. `group [p]` int64 (non-negative), `key [p]` in [0, 1);
     returns `[m]` indices, ordered by group, then key."""
     order = torch.argsort(group.double() + key.double())
-    sorted_group = group[order]
-    counts = torch.bincount(sorted_group, minlength=n_groups)
-    starts = counts.cumsum(0) - counts
-    within = torch.arange(len(order), device=group.device) - starts[sorted_group]
-    return order[within < k]
+    return order[group_positions(group[order]) < k]
 
 
 class ActiveCorrelation:

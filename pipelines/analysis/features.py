@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.config import Config, option
+from circuits.spectra import group_positions
 from circuits.weights import SAEWeights
 from pipelines.data.labels import LEXICON_CHANNEL
 from pipelines.data.tokenizer import WORD_START, display_token, special_ids
@@ -156,8 +157,7 @@ class _Best:
         order = torch.argsort(s, descending=True)
         order = order[torch.argsort(f[order], stable=True)]
         f, s, v, i, g = f[order], s[order], v[order], i[order], g[order]
-        counts = torch.bincount(f, minlength=n)
-        rank = torch.arange(len(f)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        rank = group_positions(f)
         keep = rank < self.m
         for name, source, fill in (("score", s, float("-inf")), ("value", v, 0.0), ("index", i, -1), ("group", g, -1)):
             table = torch.full((n, self.m), fill, dtype=source.dtype)
