@@ -21,14 +21,14 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.layer import CircuitConfig, LayerBatch, Outputs, analyse_layer
+from circuits.layer import CircuitConfig, LayerBatch, analyse_layer
 from pipelines.analysis.ablation import gate_ablations
 from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA, boosted_token_ids, feature_tables
 from pipelines.analysis.outputs import parse_outputs
 from pipelines.analysis.verdicts import best_candidates
 from circuits.sae_basis import token_scale
 from circuits.tables import SCHEMAS
-from circuits.weights import MLPWeights, from_hooked_transformer
+from circuits.weights import from_hooked_transformer
 from pipelines.data.corpus import CorpusConfig, corpus_digest, iter_documents, write_story_corpus
 from pipelines.data.stories import StoryConfig
 from pipelines.data.tokenizer import TOKENIZER_FILE, TokenizerConfig, load_tokenizer, train_tokenizer
@@ -251,12 +251,17 @@ class ModelInputs:
         return model_digest(self.folder)
 
     @cached_property
+    def token_counts(self) -> np.ndarray | None:
+        """How often each token occurred in training (None for a foreign model)."""
+        path = self.folder / "token_counts.npy"
+        return np.load(path) if path.is_file() else None
+
+    @cached_property
     def untrained(self) -> np.ndarray:
         """Token ids the model never saw in training (or, for a foreign model, none known)."""
-        counts = self.folder / "token_counts.npy"
-        if not counts.is_file():
+        if self.token_counts is None:
             return np.zeros(0, dtype=np.int64)
-        return np.nonzero(np.load(counts) == 0)[0]
+        return np.nonzero(self.token_counts == 0)[0]
 
 
 # ------------------------------------------------------------------ SAEs
@@ -389,12 +394,6 @@ def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: 
     return batches
 
 
-def output_sets(specs: list[str], basis: str, inputs: ModelInputs, mlp: MLPWeights, saes: LayerSAEs,
-                cfg: CircuitConfig) -> list[Outputs]:
-    """The output directions named by `--outputs` (see `pipelines.analysis.outputs`)."""
-    return parse_outputs(specs, basis, inputs, mlp, saes, cfg)
-
-
 def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], cfg: CircuitConfig,
                     corr_rows: int, sae_paths: dict[int, tuple[Path, Path | None]] | None = None,
                     input_site: str = "resid_mid", outputs: tuple[str, ...] = ("sae",), output_basis: str = "encoder",
@@ -420,7 +419,7 @@ def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layer
             stamps.begin(marker)
             model = inputs.model
             mlp = mlp or from_hooked_transformer(model, layer)
-            out = output_sets([spec], output_basis, inputs, mlp, saes, cfg)[0]
+            out = parse_outputs([spec], output_basis, inputs, mlp, saes, cfg)[0]
             batches = layer_batches(model, store.held_out, corr_rows, saes) if out.sae is not None else None
             tables = analyse_layer(mlp, saes.sae_in.weights, out, batches, cfg, layer, saes.input_site, progress=True)
             if out.sae is not None:
@@ -450,15 +449,15 @@ def ensure_ablations(run: RunPaths, inputs: ModelInputs, store: TokenStore, cand
         if len(todo):
             saes = layer_saes(run, inputs, int(layer), None, input_site, True)
             mlp = from_hooked_transformer(inputs.model, int(layer))
-            out = output_sets(["sae"], "encoder", inputs, mlp, saes, CircuitConfig())[0]
+            out = parse_outputs(["sae"], "encoder", inputs, mlp, saes, CircuitConfig())[0]
             boosted = boosted_token_ids(inputs.model, out.sae.W_dec, inputs.tokenizer, inputs.untrained)
             new = gate_ablations(inputs.model, int(layer), saes, mlp, out, todo, boosted, store.held_out,
                                  min(corr_rows, ABLATION_ROWS))
             done = pd.concat([done, new.assign(outputs="sae", input_site=saes.input_site)], ignore_index=True)
             write_table(done, run.tables, "gate_ablation", int(layer), SCHEMAS["gate_ablation"], part=part,
                         provenance=provenance(path))
-        sel = [(f, a, b) in set(zip(chosen["out_feature"], chosen["in_a"], chosen["in_b"]))
-               for f, a, b in zip(done["out_feature"], done["in_a"], done["in_b"])]
+        wanted = set(zip(chosen["out_feature"], chosen["in_a"], chosen["in_b"]))
+        sel = [(f, a, b) in wanted for f, a, b in zip(done["out_feature"], done["in_a"], done["in_b"])]
         found.append(done[sel])
     return pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=SCHEMAS["gate_ablation"].names)
 
@@ -525,10 +524,9 @@ def ensure_features(run: RunPaths, inputs: ModelInputs, store: TokenStore, layer
             stamps.begin(marker)
             todo[point] = (sae, stamp, marker)
     if todo:
-        counts = np.load(inputs.folder / "token_counts.npy") if (inputs.folder / "token_counts.npy").is_file() else None
         features, labels = feature_tables(inputs.model, inputs.tokenizer, store.held_out,
                                           {p: s.weights for p, (s, _, _) in todo.items()}, cfg, store.classes,
-                                          store.lexicon_tokens, counts, seed)
+                                          store.lexicon_tokens, inputs.token_counts, seed)
         for (layer, site), (_, stamp, marker) in todo.items():
             mine = lambda frame: frame[(frame["layer"] == layer) & (frame["site"] == site)]  # noqa: E731
             write_table(mine(features), run.tables, "features", layer, FEATURES_SCHEMA, part=site,
