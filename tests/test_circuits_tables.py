@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer, hosvd_outputs
-from circuits.tables import SCHEMAS
+from pipelines.schemas import TABLES
 from pipelines.engine.tables import write_table
 
 D, H, N_IN, N_OUT, T = 8, 12, 10, 6, 200
@@ -63,7 +63,7 @@ def written(tmp_path_factory):
         per_layer[layer] = {"resid_mid-sae": sae_tables, "resid_mid-hosvd": hosvd_tables}
         for part, tables in per_layer[layer].items():
             for name, frame in tables.items():
-                path = write_table(frame, root, name, layer, SCHEMAS[name], part=part)
+                path = write_table(frame, root, name, layer, TABLES[name].schema, part=part)
                 assert path.is_file() and path.parent.parent.name == name
     return root, per_layer
 
@@ -75,7 +75,7 @@ def test_frames_match_the_schemas_exactly(written):
         assert set(parts["resid_mid-hosvd"]) == WEIGHT_TABLES | {"hosvd"}
         for part, tables in parts.items():
             for name, frame in tables.items():
-                schema = SCHEMAS[name]
+                schema = TABLES[name].schema
                 assert sorted(frame.columns) == sorted(schema.names), (part, name)
                 inferred = pa.Schema.from_pandas(frame[schema.names], preserve_index=False)
                 inferred = pa.schema([(f.name, pa.string() if f.type == pa.large_string() else f.type)
@@ -90,7 +90,7 @@ def test_frames_match_the_schemas_exactly(written):
 def test_tables_read_back_with_pandas_pyarrow_and_duckdb(written, name):
     root, per_layer = written
     expected = pd.concat([tables[name] for layer in (0, 2) for tables in per_layer[layer].values() if name in tables])
-    schema = SCHEMAS[name]
+    schema = TABLES[name].schema
 
     frame = pd.read_parquet(root / name)
     assert sorted(frame.columns) == sorted(schema.names)
@@ -183,7 +183,8 @@ def test_outputs_without_sae_give_weight_tables_only():
         assert sorted(tables[name].out_feature.unique()) == [0, 1, 2], name
         assert (tables[name].outputs == "hosvd").all()
     gates = tables["gates"]
-    assert gates[["n_active", "coactivation", "mean_contribution", "contribution_share", "and_data"]].isna().all().all()
+    assert gates[["n_active", "coactivation", "coactivation_lift", "mean_contribution", "contribution_share",
+                  "and_data"]].isna().all().all()
     assert gates.data_rank.isna().all() and gates.layer_rank.isna().all()
 
     gen = torch.Generator().manual_seed(6)
@@ -198,9 +199,9 @@ def test_outputs_without_sae_give_weight_tables_only():
 def test_results_do_not_depend_on_chunk_size_or_workers():
     mlp, sae_in, sae_out, batches = layer_inputs(3)
     outputs = Outputs("sae", sae_out.W_enc.T, sae=sae_out)
-    configs = [CFG.replace(chunk_size=c, block_size=b, n_workers=w, dtype="float64")
-               for c, b, w in [(64, 64, 1), (1, 1, 2), (4, 3, 3)]]
-    frames = [analyse_layer(mlp, sae_in, outputs, batches, cfg, 0) for cfg in configs]
+    settings = [(64, 64, 1), (1, 1, 2), (4, 3, 3)]
+    frames = [analyse_layer(mlp, sae_in, outputs, batches, CFG.replace(chunk_size=c, block_size=b, dtype="float64"), 0,
+                            workers=w) for c, b, w in settings]
     for other in frames[1:]:
         assert set(other) == set(frames[0])
         for name in frames[0]:
@@ -216,7 +217,7 @@ def test_analyse_layer_refuses_bad_inputs():
 
 
 def test_config_round_trips_through_json():
-    cfg = CircuitConfig(top_n=7, dtype="float64", n_workers=1)
+    cfg = CircuitConfig(top_n=7, dtype="float64", seed=3)
     assert CircuitConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ValueError, match="unknown"):
         CircuitConfig.from_json({"top_k": 3})

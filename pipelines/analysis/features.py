@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import torch
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
@@ -30,40 +29,11 @@ from circuits.config import Config, option
 from circuits.spectra import group_positions
 from circuits.weights import SAEWeights
 from pipelines.data.labels import LEXICON_CHANNEL
+from pipelines.schemas import TABLES
 from pipelines.data.tokenizer import WORD_START, display_token, special_ids
 from pipelines.data.tokens import TokenRows
 from sae.activations import iter_activations
 from sae.sites import Point
-
-FEATURES_SCHEMA = pa.schema([
-    ("layer", pa.int64()), ("site", pa.string()), ("feature", pa.int64()),
-    ("frequency", pa.float64()),  # share of held-out tokens where the feature is active
-    ("max_activation", pa.float64()), ("mean_activation", pa.float64()),  # mean over active tokens
-    ("top_contexts", pa.list_(pa.string())),  # best-activating windows, one per document, active token in [brackets]
-    ("top_documents", pa.list_(pa.int64())),  # the document of each
-    ("top_tokens", pa.list_(pa.string())),  # the active token of each
-    ("sample_contexts", pa.list_(pa.string())),  # windows at several activation quantiles
-    ("sample_quantiles", pa.list_(pa.float64())),  # the quantile of each within the feature's activations
-    ("top_token", pa.string()),  # the token carrying most of the feature's activation
-    ("top_token_share", pa.float64()),  # its share of the activation
-    ("is_token_feature", pa.bool_()),  # top_token_share >= FeatureConfig.token_feature_share
-    ("boosted_tokens", pa.list_(pa.string())),  # mlp_out: largest direct logit effects (no special/untrained tokens)
-    ("suppressed_tokens", pa.list_(pa.string())),
-    ("label", pa.string()),  # the label class with most of the activation (null without labels)
-    ("label_share", pa.float64()),
-    ("boost_label", pa.string()),  # mlp_out with a lexicon: the class it boosts most (null otherwise)
-    ("boost_sd", pa.float64()),
-    ("description", pa.string()),  # a short summary of the above
-])
-FEATURE_LABELS_SCHEMA = pa.schema([
-    ("layer", pa.int64()), ("site", pa.string()), ("feature", pa.int64()),
-    ("channel", pa.string()), ("class", pa.string()),
-    ("kind", pa.string()),  # activation_share | logit_boost
-    ("value", pa.float64()),  # share of the activation, or boost in sd
-    ("lift", pa.float64()),  # activation_share: the share over the class's share of all tokens
-    ("n_tokens", pa.int64()),  # logit_boost: lexicon tokens of the class behind the mean
-])
-
 
 @dataclass(frozen=True)
 class FeatureConfig(Config):
@@ -83,6 +53,7 @@ class FeatureConfig(Config):
     min_label_tokens: int = option(20, "active tokens a feature needs before a label is given", low=1)
     boost_sd: float = option(1.0, "|boost_sd| that puts 'predicts ... words' in the description", low=0.0)
     batch_rows: int = option(32, "rows per model pass", low=1, runtime=True)
+    seed: int = option(0, "seeds the sample of activations the quantile contexts are drawn from")
 
 
 def logit_effects(model: HookedTransformer, directions: torch.Tensor) -> torch.Tensor:
@@ -168,7 +139,7 @@ class _Best:
 class _Tracker:
     """Running statistics of one SAE's features (see the module docstring)."""
 
-    def __init__(self, n_features: int, d_vocab: int, cfg: FeatureConfig, classes: dict[str, list[str]], seed: int):
+    def __init__(self, n_features: int, d_vocab: int, cfg: FeatureConfig, classes: dict[str, list[str]]):
         self.count = torch.zeros(n_features, dtype=torch.float64)
         self.total = torch.zeros(n_features, dtype=torch.float64)
         self.abs_total = torch.zeros(n_features, dtype=torch.float64)  # label shares divide by it
@@ -180,7 +151,7 @@ class _Tracker:
         self.classes = classes
         self.mass = {c: torch.zeros(n_features, len(v), dtype=torch.float64) for c, v in classes.items()}
         self.class_tokens = {c: torch.zeros(len(v), dtype=torch.float64) for c, v in classes.items()}
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
         self.n_tokens = 0
 
     def update(self, acts: torch.Tensor, flat: torch.Tensor, token_ids: torch.Tensor,
@@ -254,11 +225,11 @@ class _Windows:
 @torch.no_grad()
 def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, saes: dict[Point, SAEWeights],
                    cfg: FeatureConfig, classes: dict[str, list[str]], lexicon_tokens: dict[str, list[int]],
-                   token_counts: np.ndarray | None, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+                   token_counts: np.ndarray | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The `features` and `feature_labels` tables of every given SAE, from `cfg.n_rows` rows."""
     rows = rows.head(cfg.n_rows)
     d_vocab = model.cfg.d_vocab
-    trackers = {p: _Tracker(s.d_sae, d_vocab, cfg, classes, seed) for p, s in saes.items()}
+    trackers = {p: _Tracker(s.d_sae, d_vocab, cfg, classes) for p, s in saes.items()}
     bar = tqdm(total=len(rows), desc="features", unit="row")
     n_ctx = rows.n_ctx
     for part, tokens in rows.iter_batches(cfg.batch_rows):
@@ -295,8 +266,8 @@ def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, sa
                 label_records.append({"layer": layer, "site": site, "feature": f, "channel": LEXICON_CHANNEL,
                                       "class": name, "kind": "logit_boost", "value": float(values[f]),
                                       "lift": float("nan"), "n_tokens": n})
-    features = pd.DataFrame(records, columns=FEATURES_SCHEMA.names)
-    labels = pd.DataFrame(label_records, columns=FEATURE_LABELS_SCHEMA.names)
+    features = pd.DataFrame(records, columns=TABLES["features"].names)
+    labels = pd.DataFrame(label_records, columns=TABLES["feature_labels"].names)
     return features, labels
 
 

@@ -1,0 +1,338 @@
+"""Every table a run writes, in one registry: columns with types and meanings, the columns
+that identify a row, the order rows are written in, and the stage that writes the table.
+
+Stages write through `write` (rows sorted, types fixed by the schema, nothing dropped
+silently); the report, the explorer and the demo read with `read` and `select`; the README's
+"Tables" section is rendered from here (`python -m pipelines.schemas README.md` rewrites it,
+and a test checks it). Feature indices are 0-based, ranks 1-based; the constant coordinate of
+the input side is index -1.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from pipelines.engine.tables import read_table, write_table
+
+INT, FLOAT, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+INTS, FLOATS, STRS = pa.list_(INT), pa.list_(FLOAT), pa.list_(STR)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column, or several of one meaning (`types` one per name, or one for all)."""
+
+    names: tuple[str, ...]
+    types: tuple[pa.DataType, ...]
+    doc: str
+
+    def fields(self) -> list[tuple[str, pa.DataType]]:
+        types = self.types if len(self.types) == len(self.names) else self.types * len(self.names)
+        return list(zip(self.names, types))
+
+
+def col(names: str, types: pa.DataType | tuple, doc: str) -> Column:
+    """`col("in_a, in_b", INT, "...")`: a Column from a comma list of names."""
+    return Column(tuple(n.strip() for n in names.split(",")), types if isinstance(types, tuple) else (types,), doc)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table: where it comes from, what a row is, and its columns."""
+
+    name: str
+    stage: str  # the command whose stage writes it
+    doc: str  # what one row is
+    columns: tuple[Column, ...]  # the table's own columns; circuit tables also have CIRCUIT_KEYS first
+    keys: tuple[str, ...]  # columns that identify a row
+    sort: tuple[str, ...]  # the order rows are written in
+    categories: tuple[str, ...] = ()  # string columns of a few values (the explorer writes them as codes)
+    circuit: bool = True  # has the columns of CIRCUIT_KEYS
+
+    @property
+    def all_columns(self) -> tuple[Column, ...]:
+        return (CIRCUIT_KEYS if self.circuit else ()) + self.columns
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([f for c in self.all_columns for f in c.fields()])
+
+    @property
+    def names(self) -> list[str]:
+        return self.schema.names
+
+    def empty(self) -> pd.DataFrame:
+        return self.schema.empty_table().to_pandas()
+
+
+CIRCUIT_KEYS = (
+    col("layer", INT, "the layer"),
+    col("outputs", STR, "which output directions: `sae`, `sae-decoder`, `hosvd`, `logit:...`, `file:...`"),
+    col("input_site", STR, "where the input SAE reads: `resid_mid` or `mlp_in`"),
+    col("out_feature", INT, "the output feature (or direction)"),
+)
+_CELLS = col("cell", STR, "`on_on`, `on_off`, `off_on`, `off_off` (input a, input b)")
+_ABLATED = (
+    col("ablated", STR, "`a`, `b` or `both`: what was removed from the MLP's input"),
+    col("n_tokens", INT, "tokens ablated: a seeded sample of held-out tokens where both sides are on and the output is "
+        "active (at most `--ablate-tokens`)"),
+    col("activation_before, activation_after, pre_before, pre_after", FLOAT,
+        "the output's activation and pre-activation, means"),
+    col("pre_change_predicted", FLOAT, "the pre-activation change the weights predict from the input SAE's reconstruction"),
+    col("logprob_before, logprob_after", FLOAT, "mean next-token log-probability of the output's boosted tokens"),
+    col("share_a, share_b, share_other, share_bias, share_error", FLOAT,
+        "share of the output's quadratic form on those tokens from each part of the MLP input (see gate_verdicts)"),
+)
+_GROUPS = (
+    col("group_a, group_b", INT, "the two input groups (ids within the layer, see group_gates)"),
+)
+_ORDER = ("layer", "input_site", "outputs", "out_feature")
+
+TABLES: dict[str, Table] = {t.name: t for t in (
+    Table("sae_metrics", "train-saes", "one SAE", circuit=False, keys=("layer", "site"), sort=("layer", "site"), columns=(
+        col("layer, d_in, d_sae, k, train_tokens, eval_tokens", INT, "one row per SAE"),
+        col("site, hook", STR, "its site and TransformerLens hook"),
+        col("nmse", FLOAT, "`sum |x - x_hat|^2 / sum |x - mean x|^2` on held-out tokens"),
+        col("l0, dead_fraction", FLOAT, "mean active latents; share never active on held-out tokens"),
+        col("loss_clean, loss_patched, loss_added", FLOAT,
+            "next-token loss without/with the reconstruction spliced in; `(patched - clean) / clean`"),
+    )),
+    Table("interactions", "circuits", "one term of an output's quadratic form", keys=(*_ORDER, "kind", "rank"),
+          sort=(*_ORDER, "kind", "rank"), categories=("kind",), columns=(
+        col("rank", INT, "rank within its kind, 1 = largest |coefficient| (top N of each kind kept)"),
+        col("in_a, in_b", INT, "input features (`linear`: in_b = -1; `constant`: both -1)"),
+        col("kind", STR, "`self`, `cross`, `linear` or `constant`"),
+        col("coefficient", FLOAT, "multiplies `z_a^2`, `z_a z_b`, `z_a` or 1"),
+    )),
+    Table("gates", "circuits", "a candidate input pair of an output", keys=(*_ORDER, "in_a", "in_b"),
+          sort=(*_ORDER, "weight_rank"), columns=(
+        col("in_a, in_b", INT, "candidate pair, in_a < in_b"),
+        col("and_score", FLOAT, "`cross - |self_a| - |self_b|`, weights only"),
+        col("cross, self_a, self_b", FLOAT, "coefficients of `z_a z_b`, `z_a^2`, `z_b^2`"),
+        col("weight_rank", INT, "rank by and_score among the output's candidates"),
+        col("input_cosine", FLOAT, "cosine of the two inputs' MLP-input directions (`g * d`, or `d` on mlp_in)"),
+        col("n_active", FLOAT, "held-out tokens where the output is active"),
+        col("coactivation", FLOAT, "share of those where a and b are both active"),
+        col("coactivation_lift", FLOAT, "`P(a and b) / (P(a) P(b))` over all held-out tokens (1: independent)"),
+        col("mean_contribution, contribution_share", FLOAT,
+            "the cross term on the output's active tokens: mean, and sum over the activation's sum"),
+        col("and_data", FLOAT, "`(m11 - max(m10, m01, m00)) / m11` from the truth table's means"),
+        col("n_both, n_a_only, n_b_only", FLOAT, "held-out tokens with both inputs active, only a, only b"),
+        col("gate_score", FLOAT, "`contribution_share * and_data`; null unless seen together and apart"),
+        col("data_rank, layer_rank", INT,
+            "rank by gate_score within the output, and of the output's best pair within the layer (null otherwise)"),
+    )),
+    Table("gate_truth", "circuits", "one cell of a candidate's truth table", keys=(*_ORDER, "in_a", "in_b", "cell"),
+          sort=(*_ORDER, "in_a", "in_b"), categories=("cell",), columns=(  # cells in their own order
+        col("in_a, in_b, layer_rank", INT, "the candidate (each output's `--n-truth` best data-ranked pairs) and its "
+            "layer_rank (null but for each output's best pair)"),
+        _CELLS,
+        col("n_tokens", INT, "held-out tokens in the cell"),
+        col("mean_activation, active_share, quantile_activation", FLOAT,
+            "the output over the cell: mean, share active, upper quantile (`--truth-quantile`)"),
+    )),
+    Table("eigen", "circuits", "an eigenvalue of an output's interaction matrix", keys=(*_ORDER, "rank"),
+          sort=(*_ORDER, "rank"), columns=(
+        col("rank", INT, "1 = largest |eigenvalue|"),
+        col("eigenvalue, energy_share", FLOAT, "eigenvalue of `Q_u`; `lambda^2 / sum lambda^2`"),
+        col("activation_share", FLOAT,
+            "over active tokens, `sum lambda (v . x)^2 / sum activation` (ranks up to max_rank)"),
+    )),
+    Table("eigen_inputs", "circuits", "an input feature a top eigenvector reads",
+          keys=(*_ORDER, "eigen_rank", "input_rank"), sort=(*_ORDER, "eigen_rank", "input_rank"), columns=(
+        col("eigen_rank, input_rank, in_feature", INT,
+            "an eigenvector, and an input feature it reads (1 = largest |cosine|)"),
+        col("cosine", FLOAT, "with the input's normalised MLP-input direction (the eigenvector's sign makes the first positive)"),
+    )),
+    Table("lowrank", "circuits", "an output feature's correlation at one rank", keys=(*_ORDER, "n_eigs"),
+          sort=(*_ORDER, "n_eigs"), columns=(
+        col("n_eigs", INT, "r, eigenpairs used"),
+        col("n_active", INT, "tokens where the feature is active"),
+        col("corr_active", FLOAT, "Pearson over active tokens (NaN if too few)"),
+    )),
+    Table("lowrank_samples", "circuits", "one sampled active token of an output feature, at one rank",
+          keys=(*_ORDER, "sample", "n_eigs"), sort=(*_ORDER, "n_eigs", "sample"), columns=(
+        col("sample, n_eigs", INT, "one of `--n-samples` active tokens per feature (a seeded random sample), and r"),
+        col("activation, approx", FLOAT,
+            "the feature's activation there; the sum of its r largest eigen-terms `lambda (v . x)^2`"),
+        col("offset", FLOAT, "`c_f` with pre-activation `= x^T Q x + c_f` (encoder rows; null otherwise): "
+            "`approx + offset` reaches the activation at full rank"),
+    )),
+    Table("hosvd", "circuits", "an HOSVD component", circuit=False, keys=("layer", "input_site", "component"),
+          sort=("layer", "input_site", "component"), columns=(
+        col("layer", INT, "the layer"),
+        col("outputs, input_site", STR, "`hosvd`, and the input site"),
+        col("component", INT, "`--outputs hosvd`: the out_feature of the other tables"),
+        col("singular_value", FLOAT, "of B reshaped to (d_out, d_in^2)"),
+    )),
+    Table("features", "features", "one SAE feature", circuit=False, keys=("layer", "site", "feature"),
+          sort=("layer", "site", "feature"), categories=("site",), columns=(
+        col("layer, feature", INT, "SAE feature"),
+        col("site", STR, "`resid_mid`, `mlp_in` or `mlp_out`"),
+        col("frequency, max_activation, mean_activation", FLOAT,
+            "share of held-out tokens active; max; mean over active ones"),
+        col("top_contexts, top_tokens", STRS,
+            "best-activating windows, one per document, active token in `[brackets]`; the tokens"),
+        col("top_documents", INTS, "the document of each"),
+        col("sample_contexts, sample_quantiles", (STRS, FLOATS),
+            "windows at spread activation quantiles, and the quantile of each"),
+        col("top_token, top_token_share, is_token_feature", (STR, FLOAT, BOOL),
+            "the token carrying most of the activation; a token feature when its share is >= `--token-feature-share`"),
+        col("boosted_tokens, suppressed_tokens", STRS, "`mlp_out`: direct logit effects, special and untrained tokens left out"),
+        col("label, label_share", (STR, FLOAT), "the label class with most of the activation (null without labels)"),
+        col("boost_label, boost_sd", (STR, FLOAT), "`mlp_out` with a lexicon: the class boosted most, in sd (null otherwise)"),
+        col("description", STR, "a short label made from the above"),
+    )),
+    Table("feature_labels", "features", "a feature's share of one label class, or its boost of one lexicon class",
+          circuit=False, keys=("layer", "site", "feature", "kind", "channel", "class"),
+          sort=("layer", "site", "feature", "kind", "channel", "class"), categories=("site", "channel", "class", "kind"),
+          columns=(
+        col("layer, feature", INT, "SAE feature"),
+        col("site, channel, class, kind", STR, "`kind` is `activation_share` or `logit_boost`"),
+        col("value", FLOAT, "share of the feature's activation on the class's tokens, or boost in sd"),
+        col("lift", FLOAT, "activation_share: the share over the class's share of all tokens"),
+        col("n_tokens", INT, "logit_boost: the class's tokens behind the mean"),
+    )),
+    Table("gate_ablation", "verdicts", "one ablation of a checked pair", keys=(*_ORDER, "in_a", "in_b", "ablated"),
+          sort=(*_ORDER, "in_a", "in_b", "ablated"), categories=("ablated",), columns=(
+        col("in_a, in_b", INT, "the pair"),
+        *_ABLATED,
+    )),
+    Table("group_gates", "verdicts", "a gate of an output between two groups of inputs",
+          keys=(*_ORDER, "group_a", "group_b"), sort=(*_ORDER, "group_a", "group_b"), categories=("source",), columns=(
+        *_GROUPS,
+        col("source", STR, "`eigen` (the best split of what one eigenvector reads) or `labels` (two label classes)"),
+        col("eigen_rank", INT, "`eigen`: the eigenvector (null for `labels`)"),
+        col("label_a, label_b", STR, "the groups' label class (`eigen`: the label of most members, else null)"),
+        col("members_a, members_b", INTS, "the input features of each group"),
+        col("n_active", INT, "held-out tokens where the output is active"),
+        col("coactivation", FLOAT, "share of those where both groups are on (a group is on where any member is active)"),
+        col("contribution_share", FLOAT, "the cross terms between the groups on the output's active tokens, over its "
+            "summed activation there"),
+        col("and_data", FLOAT, "`(m11 - max(m10, m01, m00)) / m11` from the group truth table's means"),
+        col("n_both, n_a_only, n_b_only", INT, "held-out tokens with both groups on, only A, only B"),
+        col("gate_score", FLOAT, "`contribution_share * and_data`; null unless seen together and apart"),
+        col("split_share", FLOAT, "`eigen`: share of the cross terms carried by split member pairs (null for `labels`)"),
+        col("split_pair", BOOL, "the groups are one concept: `split_share >= 0.5`"),
+        col("circuit_rank", INT, "rank of the output's best group gate in the layer, split ones last (null otherwise)"),
+    )),
+    Table("group_truth", "verdicts", "one cell of a group gate's truth table",
+          keys=(*_ORDER, "group_a", "group_b", "cell"), sort=(*_ORDER, "group_a", "group_b"),
+          categories=("cell",), columns=(
+        *_GROUPS,
+        _CELLS,
+        col("n_tokens", INT, "held-out tokens in the cell"),
+        col("mean_activation, active_share", FLOAT, "the output over the cell: mean, share active"),
+    )),
+    Table("group_ablation", "verdicts", "one ablation of a checked group gate",
+          keys=(*_ORDER, "group_a", "group_b", "ablated"), sort=(*_ORDER, "group_a", "group_b", "ablated"),
+          categories=("ablated",), columns=(
+        *_GROUPS,
+        *_ABLATED,
+    )),
+    Table("gate_verdicts", "verdicts", "an output's circuit candidate: its best pair, or its best group gate",
+          keys=(*_ORDER, "kind"), sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
+          categories=("kind",), columns=(
+        col("kind", STR, "`pair` or `group`"),
+        col("circuit_rank", INT, "rank in the layer among candidates of its kind: by gate_score, split pairs last"),
+        col("in_a, in_b", INT, "`pair`: the inputs (null for groups)"),
+        col("group_a, group_b", INT, "`group`: the groups (ids of group_gates; null for pairs)"),
+        col("members_a, members_b", INTS, "the inputs of each side"),
+        col("label_a, label_b", STR, "each side's label class, if any"),
+        col("gate_score, contribution_share, coactivation, and_data", FLOAT, "as in gates and group_gates"),
+        col("both_tokens, apart_tokens", INT, "held-out tokens with both sides on; the fewer of those with one side on "
+            "alone"),
+        col("same_top_token", BOOL, "`pair`: the inputs share a top token (the same features.top_token, or a token "
+            "among both's features.top_tokens)"),
+        col("input_cosine, coactivation_lift", FLOAT, "`pair`: as in gates"),
+        col("split_pair", BOOL, "one concept split over two latents (pairs: the README's rule; groups: split_share >= 0.5)"),
+        col("drop_a, drop_b, drop_both", FLOAT, "share of the output's activation removed by each ablation (null if not "
+            "ablated)"),
+        col("ablation_tokens", INT, "tokens the ablations ran on"),
+        col("share_a, share_b, share_other, share_bias, share_error", FLOAT,
+            "share of the output's quadratic form on those tokens from side A's part of the MLP input, side B's, the "
+            "other inputs', b_dec's and the SAE's reconstruction error (they add up to 1)"),
+        col("truth, verdict", STR, "what the truth table says; the verdict"),
+        col("truth_and, is_and", BOOL, "the truth table says AND; the candidate behaves as an AND gate"),
+        col("negation_gate", BOOL, "one side labelled negation, the other a context class, the output boosting another "
+            "class's words (null without such labels)"),
+        col("out_description, a_description, b_description", STR, "the features' descriptions"),
+    )),
+)}
+
+
+def write(frame: pd.DataFrame, root: str | Path, name: str, layer: int | None = None, part: str = "part",
+          provenance: dict | None = None) -> Path:
+    """Write table `name`'s rows in its sort order with its schema (see `pipelines.engine.tables`)."""
+    table = TABLES[name]
+    if layer is not None:
+        frame = frame.assign(layer=int(layer))
+    order = [c for c in table.sort if c in frame.columns]
+    frame = frame.sort_values(order, kind="stable").reset_index(drop=True) if order and len(frame) else frame
+    return write_table(frame, root, name, layer, table.schema, part=part, provenance=provenance)
+
+
+def read(root: str | Path, name: str, layers: list[int] | None = None) -> pd.DataFrame | None:
+    """Table `name` of the run's tables folder `root` (only `layers`), or None when absent."""
+    try:
+        return read_table(root, name, layers)
+    except FileNotFoundError:
+        return None
+
+
+def select(frame: pd.DataFrame | None, input_site: str | None = "resid_mid", outputs: str | None = "sae"):
+    """The rows of a circuit table for one input site and output set (a run may hold several;
+    None keeps every one). Tables without those columns are returned as they are."""
+    if frame is None:
+        return None
+    keep = pd.Series(True, index=frame.index)
+    if input_site is not None and "input_site" in frame.columns:
+        keep &= frame["input_site"] == input_site
+    if outputs is not None and "outputs" in frame.columns:
+        keep &= frame["outputs"] == outputs
+    return frame[keep].reset_index(drop=True)
+
+
+# ------------------------------------------------------------------ the README's section
+
+README_START, README_END = "<!-- tables: rendered by `python -m pipelines.schemas README.md` -->", "<!-- tables end -->"
+
+
+def _type(t: pa.DataType) -> str:
+    return f"list<{_type(t.value_type)}>" if pa.types.is_list(t) else {"double": "float64"}.get(str(t), str(t))
+
+
+def markdown() -> str:
+    """The README's table of tables: one row per column group, the circuit keys left out."""
+    lines = [README_START, "", "| table | written by | column | type | meaning |", "|---|---|---|---|---|"]
+    for table in TABLES.values():
+        for i, c in enumerate(table.columns):
+            types = ", ".join(dict.fromkeys(_type(t) for _, t in c.fields()))
+            first = (f"{table.name}", f"`{table.stage}`") if i == 0 else ("", "")
+            doc = c.doc.replace("|", "\\|")  # a bar inside a cell would end it
+            lines.append(f"| {first[0]} | {first[1]} | {', '.join(c.names)} | {types} | {doc} |")
+    lines += ["", README_END]
+    return "\n".join(lines)
+
+
+def rewrite_readme(path: str | Path) -> bool:
+    """Replace the section between the markers in `path` with `markdown()`; whether it changed."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{path} has no tables section between {README_START!r} and {README_END!r}")
+    new = pattern.sub(lambda _: markdown(), text)
+    path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or ["README.md"]:
+        print(f"{name}: {'rewritten' if rewrite_readme(name) else 'up to date'}")

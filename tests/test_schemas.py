@@ -1,0 +1,47 @@
+"""The registry of tables: the README's tables section is rendered from it, the stages write
+through it, and its rows are sorted and typed as it says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import schemas
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_the_readme_tables_section_is_the_registrys():
+    text = README.read_text(encoding="utf-8")
+    assert schemas.markdown() in text, "README.md's tables section is stale: run `python -m pipelines.schemas README.md`"
+
+
+def test_every_table_names_its_keys_sort_and_categories_among_its_columns():
+    for table in schemas.TABLES.values():
+        names = set(table.names)
+        assert len(names) == len(table.names), table.name  # no column twice
+        assert set(table.keys) <= names and set(table.sort) <= names and set(table.categories) <= names, table.name
+        assert table.stage in ("train-saes", "circuits", "features", "verdicts"), table.name
+
+
+def test_write_sorts_rows_and_fixes_types(tmp_path):
+    frame = pd.DataFrame({"layer": [0, 0, 0], "outputs": "sae", "input_site": "resid_mid", "out_feature": [2, 0, 1],
+                          "n_eigs": [1, 1, 1], "n_active": [5, 6, 7], "corr_active": [0.5, None, 0.25]})
+    path = schemas.write(frame, tmp_path, "lowrank", layer=3, part="resid_mid-sae")
+    back = pd.read_parquet(path)
+    assert back["out_feature"].tolist() == [0, 1, 2] and (back["layer"] == 3).all()
+    assert pq.read_schema(path).remove_metadata().equals(schemas.TABLES["lowrank"].schema)
+    with pytest.raises(ValueError, match="schema lacks"):
+        schemas.write(frame.assign(stray=1), tmp_path, "lowrank", layer=3)
+
+
+def test_select_picks_one_input_site_and_output_set():
+    frame = pd.DataFrame({"outputs": ["sae", "sae", "hosvd"], "input_site": ["resid_mid", "mlp_in", "resid_mid"],
+                          "v": [1, 2, 3]})
+    assert schemas.select(frame)["v"].tolist() == [1]
+    assert schemas.select(frame, "mlp_in")["v"].tolist() == [2]
+    assert schemas.select(frame, None, None)["v"].tolist() == [1, 2, 3]
+    assert schemas.select(None) is None
