@@ -16,7 +16,6 @@ from __future__ import annotations
 from transformer_lens import HookedTransformer
 
 SITES = ("resid_mid", "mlp_in", "mlp_out")
-INPUT_SITES = ("resid_mid", "mlp_in")  # where input SAEs may read; output SAEs read mlp_out
 
 Point = tuple[int, str]  # (layer, site)
 

@@ -93,9 +93,9 @@ class ActivationStream:
         """The activations of the kept tokens of one fill's rows, shuffled alike at every point.
 
         Each model batch's activations go straight to their shuffled places in one buffer per
-        point, allocated once and reused by every fill: memory stays at one buffer, where
-        collecting, concatenating and permuting held up to three and let the heap grow from
-        fill to fill (peak RSS 1.3x higher at 4x the tokens in bench_saes_paper.py).
+        point, allocated once and reused by every fill: memory stays at one buffer (collecting,
+        concatenating and permuting would hold up to three and let the heap grow from fill to
+        fill).
         """
         order = self._row_order(cursor, n_rows).sort().values  # file order: faster reads
         tokens = self.rows.batch(order.numpy())

@@ -56,8 +56,8 @@ from sae_lens import TopKSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 from torch import Tensor, nn
 
-# Fused AdamW is one kernel instead of a dozen passes over the weights (3.5x faster on a CPU);
-# elsewhere torch picks its default implementation.
+# Fused AdamW is one kernel instead of a dozen passes over the weights; elsewhere torch picks
+# its default implementation.
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
 
 

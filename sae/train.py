@@ -22,17 +22,20 @@ from transformer_lens import HookedTransformer
 
 from circuits.weights import SAEWeights
 from sae.config import SAETrainConfig
-from sae.sites import Point, point_name
+from sae.sites import SITES, Point, point_name
 from sae.stream import ActivationStream, Rows, StreamPosition
 from sae.topk import TopKSAE, TopKTrainer
 
 
 def build_trainers(points: list[Point], d_in: int, cfg: SAETrainConfig, device: str) -> dict[Point, TopKTrainer]:
-    """A fresh SAE and trainer per point (`cfg` resolved). Each point gets its own seed, so
-    SAEs of different points do not start alike."""
+    """A fresh SAE and trainer per point (`cfg` resolved). Each point's seed comes from the
+    point itself, so SAEs of different points do not start alike, and a point starts alike
+    whichever other points train beside it (a group of SAEs on a Ray worker, or all here)."""
     trainers = {}
-    for i, point in enumerate(points):
-        sae = TopKSAE(d_in, cfg.expansion * d_in, cfg.k, device=device, seed=cfg.seed * 1000 + i)
+    for point in points:
+        layer, site = point
+        sae = TopKSAE(d_in, cfg.expansion * d_in, cfg.k, device=device,
+                      seed=cfg.seed * 1000 + layer * len(SITES) + SITES.index(site))
         trainers[point] = TopKTrainer(
             sae, total_steps=cfg.train_steps, lr=cfg.lr, lr_end=cfg.lr * cfg.lr_end_fraction,
             weight_decay=cfg.weight_decay, aux_coefficient=cfg.aux_k_coefficient,
@@ -49,11 +52,13 @@ def train_saes(
     device: str = "cpu",
     checkpoint: Callable[[dict], None] | None = None,
     resume: dict | None = None,
+    on_step: Callable[[], None] | None = None,
 ) -> dict[Point, TopKTrainer]:
     """Train one SAE per point on `cfg.train_steps` batches; returns the finished trainers.
 
     `cfg` must be resolved (`SAETrainConfig.resolve`). `resume` is a state an earlier
-    `checkpoint` call received, for the same points, rows and recipe.
+    `checkpoint` call received, for the same points, rows and recipe. `on_step()` is called
+    after every step (progress reports).
     """
     if cfg.k is None or cfg.lr is None:
         raise ValueError("resolve the config first: SAETrainConfig.resolve(d_model)")
@@ -77,6 +82,8 @@ def train_saes(
         step += 1
         done_since += 1
         bar.update(1)
+        if on_step is not None:
+            on_step()
         if step % 50 == 0:
             rate = done_since * cfg.batch_size / (time.perf_counter() - started)
             worst = max(last.values(), key=lambda losses: losses.get("fvu", 0.0))

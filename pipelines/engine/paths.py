@@ -34,11 +34,6 @@ class RunPaths:
         return self.root / "saes"
 
     @property
-    def sae_checkpoint(self) -> Path:
-        """Resumable state of an unfinished SAE training run."""
-        return self.saes / "checkpoint.pt"
-
-    @property
     def tables(self) -> Path:
         return self.root / "tables"
 

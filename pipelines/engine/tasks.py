@@ -1,0 +1,36 @@
+"""Run a stage's tasks: here, one after another, or fanned out over a Ray cluster.
+
+A stage splits its work into tasks (a layer, or a group of SAEs) that each read the run's
+inputs and write their own outputs atomically, with their own stamps, under the run
+directory. `run_tasks` calls `work(inputs, task)` for each: in this process with the inputs
+already open, or, with `Runtime.ray`, as Ray tasks that reopen the inputs from their folders
+(see `pipelines.engine.cluster`). Either way a task that fails leaves nothing half-written,
+so a rerun does exactly what is left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of a stage's work."""
+
+    name: str  # how progress and errors name it: "layer 3", "SAEs layer0_resid_mid, layer1_resid_mid"
+    unit: Any  # what `work` receives: a layer, a list of points (picklable)
+    gpus: float = 0.0  # GPUs it asks a Ray cluster for
+
+
+def run_tasks(runtime, work: Callable, inputs, tasks: list[Task], stage: str) -> list:
+    """`[work(inputs, task.unit) for task in tasks]`, here or on Ray (`runtime.ray`)."""
+    if not tasks:
+        return []
+    if runtime.ray is None:
+        with runtime.torch_threads():
+            return [work(inputs, task.unit) for task in tasks]
+    from pipelines.engine.cluster import run_on_ray
+
+    return run_on_ray(runtime, work, inputs, tasks, stage)

@@ -1,0 +1,106 @@
+"""One frozen job config per stage: everything a stage's command decides, in one object.
+
+The command line fills these from its flags (`pipelines.options.add_job`/`job_from`), the
+demo holds one of each, and a stage's stamp is its job's `recipe()` (runtime fields, such as
+which SAE folders were named, are left out: their content digests are stamp inputs instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from circuits.config import Config, option
+from circuits.layer import CircuitConfig
+from circuits.sae_basis import INPUT_SITES, OUTPUT_BASES
+from pipelines.analysis.features import FeatureConfig
+from pipelines.analysis.verdicts import VerdictConfig
+from pipelines.data.corpus import CorpusConfig
+from pipelines.data.tokenizer import TokenizerConfig
+from pipelines.inputs import SAEPaths
+from pipelines.lm.model import ModelConfig
+from pipelines.lm.training import LMTrainConfig
+from sae.config import SAETrainConfig
+from sae.sites import SITES
+
+
+@dataclass(frozen=True)
+class LMJob(Config):
+    """What `train-lm` trains: corpus reading, model shape, tokenizer and optimisation."""
+
+    corpus: CorpusConfig = option(doc="reading and splitting the corpus", factory=CorpusConfig)
+    model: ModelConfig = option(doc="the LM's shape", factory=ModelConfig)
+    tokenizer: TokenizerConfig = option(doc="tokenizer training", factory=TokenizerConfig)
+    train: LMTrainConfig = option(doc="LM training", factory=LMTrainConfig)
+
+
+@dataclass(frozen=True)
+class SAEJob(Config):
+    """What `train-saes` trains: one SAE per chosen layer and site, all with one recipe."""
+
+    sites: tuple[str, ...] = option(("resid_mid", "mlp_out"), "sites to train SAEs on: resid_mid, mlp_in, mlp_out")
+    sae: SAETrainConfig = option(doc="each SAE's recipe", factory=SAETrainConfig)
+
+    def check(self) -> None:
+        _check_sites(self.sites, SITES)
+
+
+@dataclass(frozen=True)
+class SAEChoice(Config):
+    """Which SAEs an analysis reads: the run's own, or folders named for a single layer."""
+
+    sae_in: str | None = option(None, "input-side SAE folder (sae-lens's or the paper authors' format, on resid_mid "
+                                      "or mlp_in), with a single --layer", runtime=True)
+    sae_out: str | None = option(None, "output-side (mlp_out) SAE folder, with a single --layer", runtime=True)
+    allow_hookless_saes: bool = option(False, "accept SAEs that record no hook, taking them to read the given layer "
+                                              "and site", runtime=True)
+
+    def explicit(self, layers: list[int]) -> dict[int, SAEPaths] | None:
+        """The named SAE folders of the single chosen layer, if any were named."""
+        if not (self.sae_in or self.sae_out):
+            return None
+        if not self.sae_in or len(layers) != 1:
+            raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
+        return {layers[0]: (Path(self.sae_in), Path(self.sae_out) if self.sae_out else None)}
+
+
+@dataclass(frozen=True)
+class CircuitsJob(SAEChoice):
+    """What `circuits` computes for each layer."""
+
+    input_site: str = option("resid_mid", "which of the run's input SAEs to use", choices=INPUT_SITES)
+    outputs: tuple[str, ...] = option(("sae",), "output directions: sae (the output SAE's features), hosvd, "
+                                                "logit:GOOD-BAD or logit:WORD (unembedding directions), file:PATH "
+                                                "(.npy/.safetensors)")
+    output_basis: str = option("encoder", "read SAE outputs by their encoder rows (exact pre-activations) or decoder "
+                                          "rows", choices=OUTPUT_BASES)
+    corr_rows: int = option(1024, "held-out rows for correlations, gate statistics and truth tables", low=1)
+    circuits: CircuitConfig = option(doc="the per-layer analysis", factory=CircuitConfig)
+
+
+@dataclass(frozen=True)
+class FeaturesJob(SAEChoice):
+    """What `features` describes."""
+
+    sites: tuple[str, ...] = option(("resid_mid", "mlp_in", "mlp_out"), "the run's SAE sites to describe, where "
+                                                                        "they exist")
+    features: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
+
+    def check(self) -> None:
+        _check_sites(self.sites, SITES)
+
+
+@dataclass(frozen=True)
+class VerdictsJob(SAEChoice):
+    """What `verdicts` checks for each layer."""
+
+    input_site: str = option("resid_mid", "which of the run's input SAEs the circuit tables read", choices=INPUT_SITES)
+    verdicts: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
+
+
+def _check_sites(sites: tuple[str, ...], known: tuple[str, ...]) -> None:
+    if len(set(sites)) != len(sites):
+        raise ValueError(f"--sites names a site twice: {','.join(sites)}")
+    unknown = [s for s in sites if s not in known]
+    if unknown:
+        raise ValueError(f"unknown site {unknown[0]!r}; choose from {', '.join(known)}")

@@ -1,0 +1,87 @@
+"""How a command's work runs, as one explicit object the stages receive: torch threads, the
+device, and whether and where work fans out over Ray. None of it changes what is computed
+(beyond the last bits of float sums, see `threads`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from circuits.config import Config, option
+from circuits.layer import intra_op_threads
+
+LOCAL = "local"  # `--ray` without an address: a Ray runtime on this machine
+
+
+@dataclass(frozen=True)
+class Runtime(Config):
+    """Where and how the work of a command runs."""
+
+    threads: int = option(0, "torch CPU threads (per worker with --ray); 0 = the cores not busy with other work when "
+                             "the command starts (with --ray: shared among the workers)", low=0, runtime=True)
+    device: str = option("auto", "auto (CUDA when present), cpu, cuda or cuda:N", runtime=True)
+    ray: str | None = option(None, "run the stage's tasks on Ray: 'local' starts a Ray runtime here, an address "
+                                   "(or RAY_ADDRESS) joins that cluster", runtime=True)
+    workers: int = option(2, "with --ray: tasks run at once (SAE groups; layers of circuits, features, verdicts)",
+                          low=1, runtime=True)
+
+    def check(self) -> None:
+        if self.device != "auto" and self.device != "cpu" and not self.device.startswith("cuda"):
+            raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
+
+    def resolved(self, announce: bool = True) -> "Runtime":
+        """This runtime with its thread count and device decided (said on stderr when automatic)."""
+        threads = self.threads
+        if not threads:
+            # on Ray each worker gets its share of the cores that are free here
+            threads = max(1, auto_threads() // (self.workers if self.ray else 1))
+            if announce:
+                # the thread count changes torch's CPU sums in the last bits: say it, to repeat a run
+                print(f"{threads} torch thread(s): the cores not busy now (--threads N to fix)", file=sys.stderr)
+        device = self.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: no CUDA device is available here")
+        return self.replace(threads=threads, device=device)
+
+    @contextmanager
+    def torch_threads(self) -> Iterator[None]:
+        """Run the block with torch's intra-op thread count set to `threads` (restored after)."""
+        with intra_op_threads(self.threads or None):
+            yield
+
+
+def auto_threads(sample_s: float = 0.3) -> int:
+    """Cores not busy with other work now: the core count minus the cores the other
+    processes kept busy over a short sample of /proc/stat (the load average lags by a
+    minute: a finished job would still count). Elsewhere, the load average.
+
+    Two threads beat one on an idle 2-core machine, but one beats two beside a busy
+    process, since every thread waits on the slowest at each operation (README, "Commands").
+    """
+    cores = os.cpu_count() or 1
+
+    def ticks() -> tuple[int, int] | None:
+        try:
+            values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle and iowait
+        return sum(values) - idle, sum(values)
+
+    before = ticks()
+    if before is None:
+        busy = os.getloadavg()[0]
+    else:
+        time.sleep(sample_s)
+        after = ticks()
+        busy = cores * (after[0] - before[0]) / max(1, after[1] - before[1])
+    return max(1, min(cores, cores - round(busy)))
