@@ -15,7 +15,9 @@ number, each candidate gets
   quantile of f's activation (from a histogram of `n_bins` bins per cell);
 - `and_data`, an AND score read from the cells: `(m11 - max(m10, m01, m00)) / m11` with
   `m` the mean activations, near 1 for an AND (f needs both inputs), near 0 for an OR
-  (either input suffices) and negative for an XOR.
+  (either input suffices) and negative for an XOR;
+- `coactivation_lift`, `P(a and b) / (P(a) P(b))` over all tokens: 1 when a and b fire
+  independently, far above 1 when they fire together (two latents of one concept do).
 
 Candidate pairs are held as `[n_out, G]` index arrays padded with `valid`, so every update
 is a few gathers and `index_add`s over the (token, output) pairs where f is active.
@@ -207,6 +209,8 @@ class GateStats:
         known = (counts[..., 0] > 0) & (m11 > 0) & torch.isfinite(best_other)
         and_data = torch.where(known, (m11 - best_other) / m11, torch.full_like(m11, float("nan")))
         nan = torch.full_like(self.contribution, float("nan"))
+        n_a, n_b = self.input_count[self.c.in_a], self.input_count[self.c.in_b]
+        lift = self.co_count[self.c.in_a, self.c.in_b] * self.n_tokens / (n_a * n_b)
         return {
             "n_active": active.expand_as(self.contribution),
             "coactivation": torch.where(active > 0, self.both / active.clamp_min(1), nan),
@@ -214,6 +218,7 @@ class GateStats:
             "contribution_share": torch.where(self.act_sum[:, None] != 0,
                                               self.contribution / self.act_sum[:, None], nan),
             "and_data": and_data,
+            "coactivation_lift": torch.where((n_a > 0) & (n_b > 0) & self.c.valid, lift, nan),
             "cell_tokens": counts,
             "cell_mean": means,
             "cell_active_share": torch.where(counts > 0, self.cell_active / counts.clamp_min(1),

@@ -6,8 +6,8 @@ Tables (columns and types in `circuits.tables`):
 - `gates`: per output, candidate AND-gate pairs with the weight-only score and, for outputs
   that are SAE features and given tokens, what each pair contributes on data
   (`circuits.gates`), ranked per layer by that contribution;
-- `gate_truth`: truth tables of the layer's best `n_truth` data-ranked candidates (by
-  default every output's best pair);
+- `gate_truth`: truth tables of each output's `n_truth` best data-ranked candidates (by
+  default every candidate with a `gate_score`: the verdicts stage may pick any of them);
 - `eigen`: per output, the largest eigenvalues of its interaction matrix, each with its
   share of the spectrum's energy and, on active tokens, of the output's activation;
 - `eigen_inputs`: for each top eigenvector, the input features whose MLP-input directions
@@ -53,7 +53,7 @@ from circuits.weights import MLPWeights, SAEWeights
 class CircuitConfig(Config):
     """Settings of the per-layer analysis.
 
-    Memory is bounded by about `n_workers * chunk_size * d_model * (d_mlp + 4 * d_model
+    Memory is bounded by about `workers * chunk_size * d_model * (d_mlp + 4 * d_model
     + n_in)` numbers for the weight analysis and `token_batch * (d_model + n_in + n_out)` for
     the token passes, plus the kept eigenvectors, `n_out * d_model * max_rank`.
     """
@@ -61,8 +61,7 @@ class CircuitConfig(Config):
     top_n: int = option(50, "interactions kept per output feature and kind (self, cross, linear), by |coefficient|", low=1)
     n_gates: int = option(20, "weight-ranked AND-gate pairs kept per output feature", low=1)
     n_coactive: int = option(8, "inputs most often active with an output whose pairs also become gate candidates", low=2)
-    n_truth: int = option(4096, "best data-ranked gate candidates per layer (one per output) with a truth table", low=0)
-    n_ablate: int = option(8, "best data-ranked gate candidates per layer whose inputs are ablated in the model", low=0)
+    n_truth: int = option(64, "best data-ranked gate candidates per output with a truth table", low=0)
     truth_quantile: float = option(0.9, "upper quantile of the output's activation shown per truth-table cell", low=0.0, high=1.0)
     n_bins: int = option(64, "histogram bins per truth-table cell (the quantile's resolution)", low=2)
     max_rank: int = option(8, "largest rank r of the low-rank approximations that are correlated", low=1)
@@ -75,8 +74,8 @@ class CircuitConfig(Config):
     chunk_size: int = option(32, "output features whose interaction matrices are held at once", low=1, runtime=True)
     block_size: int = option(256, "input features per side of each block of the projected matrix", low=1, runtime=True)
     token_batch: int = option(8192, "tokens gathered before each statistics update", low=1, runtime=True)
-    n_workers: int = option(0, "threads analysing chunks in parallel on CPU; 0 = torch's thread count", low=0, runtime=True)
     dtype: str = option("float32", "torch dtype of the tensor math (statistics use float64)", choices=("float32", "float64"))
+    seed: int = option(0, "seeds the sample of active tokens stored per output feature (lowrank_samples)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -119,6 +118,8 @@ def analyse_layer(
     input_site: str = "resid_mid",
     timings: dict[str, float] | None = None,
     progress: bool = False,
+    workers: int = 1,
+    token_threads: int | None = 1,
 ) -> dict[str, pd.DataFrame]:
     """All circuit tables of one layer (see the module docstring).
 
@@ -127,6 +128,11 @@ def analyse_layer(
     outputs are SAE features (the gate statistics reread the latents from a sparse copy,
     a few k values per token) and not at all otherwise. `timings`, if given,
     accumulates seconds per stage. Everything runs on the device of `mlp.W_gate`.
+
+    On CPU, `workers` threads analyse chunks of outputs at once, each with one intra-op
+    thread, and the token passes run with `token_threads` intra-op threads (None: as the
+    caller set them). Their many small products run fastest on one thread: splitting each
+    operation costs more in synchronisation than it gains, and collapses on a busy machine.
     """
     if input_site not in INPUT_SITES:
         raise ValueError(f"unknown input site {input_site!r}; choose from {', '.join(INPUT_SITES)}")
@@ -162,7 +168,7 @@ def analyse_layer(
         return (inter, gates, lam[:, : cfg.n_eigen_store].clone(), energy[:, : cfg.n_eigen_store].clone(),
                 lam[:, :R].clone(), top_V, reads, read_cos)
 
-    workers = 1 if device.type != "cpu" else cfg.n_workers or torch.get_num_threads()
+    workers = 1 if device.type != "cpu" else workers
     bar = tqdm(total=n_out, desc=f"layer {layer} weights", unit="feature", disable=not progress)
     with _timed(timings, "weights_wall"), bar:
         chunks = _map_chunks(analyse_chunk, range(0, n_out, cfg.chunk_size), workers,
@@ -181,8 +187,8 @@ def analyse_layer(
     activation_share = None
     data = None
     if outputs.sae is not None and batches is not None:
-        threads = 1 if device.type == "cpu" else None  # many small products: one thread is fastest
-        with _timed(timings, "correlations"), _intra_op_threads(threads):
+        threads = token_threads if device.type == "cpu" else None
+        with _timed(timings, "correlations"), intra_op_threads(threads):
             first = _first_pass(batches, lam, vec, n_in, cfg, layer, progress)
         tables["lowrank"] = _lowrank_frame(first["n_active"], first["corr"], layer)
         offset = None
@@ -195,10 +201,10 @@ def analyse_layer(
         tables["lowrank_samples"] = _samples_frame(first["samples"], offset, layer)
         activation_share = first["eigen_activation"] / first["act_sum"][:, None].where(
             first["act_sum"][:, None] != 0, torch.tensor(float("nan"), dtype=torch.float64))
-        with _timed(timings, "gate_statistics"), _intra_op_threads(threads):
+        with _timed(timings, "gate_statistics"), intra_op_threads(threads):
             data = _gate_pass(mlp, basis, directions, gate_pairs, first, cfg, layer, progress)
     tables["eigen"] = _eigen_frame(torch.cat(stored), torch.cat(energy), activation_share, layer)
-    tables["gates"] = _gates_frame(gate_pairs, data, cfg, layer, mlp, basis, directions)
+    tables["gates"] = _gates_frame(gate_pairs, data, cfg, layer, mlp, basis, directions, unit_inputs)
     if data is not None:
         tables["gate_truth"] = _truth_frame(tables["gates"], data, cfg, layer)
     return {name: frame.assign(outputs=outputs.name, input_site=input_site) for name, frame in tables.items()}
@@ -220,7 +226,7 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
     # the gate pass reads the same tokens' sparse latents again: kept here, compressed (a
     # few k per token), they spare it a second model pass
     sparse = []
-    keys = torch.Generator().manual_seed(7919 + layer)  # the sample's random keys, in token order
+    keys = torch.Generator().manual_seed(cfg.seed * 7919 + layer)  # the sample's random keys, in token order
     samples = tuple(torch.empty(0, dtype=t, device=device) for t in (torch.long, torch.float64, lam.dtype))
     samples += (torch.empty(0, R, dtype=lam.dtype, device=device),)
     for batch in rebatch(tqdm(batches(), desc=f"layer {layer} tokens", disable=not progress),
@@ -275,7 +281,8 @@ def _weight_gate_pairs(chunks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
             torch.cat([c.valid for c in chunks]))
 
 
-def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis, directions) -> pd.DataFrame:
+def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis, directions,
+                 unit_inputs) -> pd.DataFrame:
     """Every candidate with its weight coefficients and, when measured, its data statistics."""
     if data is None:
         a, b, valid = weight_pairs
@@ -288,8 +295,8 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
         cross, self_a, self_b = 2 * coefficient(a, b), coefficient(a, a), coefficient(b, b)
         frame = pd.DataFrame({"out_feature": _np(out), "in_a": _np(a), "in_b": _np(b),
                               "cross": _np(cross), "self_a": _np(self_a), "self_b": _np(self_b)})
-        for column in ("n_active", "coactivation", "mean_contribution", "contribution_share", "and_data",
-                       "n_both", "n_a_only", "n_b_only"):
+        for column in ("n_active", "coactivation", "coactivation_lift", "mean_contribution", "contribution_share",
+                       "and_data", "n_both", "n_a_only", "n_b_only"):
             frame[column] = np.nan
     else:
         c, stats = data["candidates"], data["stats"]
@@ -299,11 +306,13 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
         frame = pd.DataFrame({
             "out_feature": _np(out[sel]), "in_a": _np(c.in_a[sel]), "in_b": _np(c.in_b[sel]),
             "cross": _np(data["cross"][sel]), "self_a": _np(data["self_a"][sel]), "self_b": _np(data["self_b"][sel]),
-            **{k: _np(stats[k][sel]) for k in ("n_active", "coactivation", "mean_contribution",
+            **{k: _np(stats[k][sel]) for k in ("n_active", "coactivation", "coactivation_lift", "mean_contribution",
                                                  "contribution_share", "and_data")},
             **{name: _np(stats["cell_tokens"][..., cell][sel]) for cell, name in enumerate(("n_both", "n_a_only", "n_b_only"))},
         })
     frame["and_score"] = frame["cross"] - frame["self_a"].abs() - frame["self_b"].abs()
+    a, b = (torch.tensor(frame[c].to_numpy(dtype=np.int64), device=unit_inputs.device) for c in ("in_a", "in_b"))
+    frame["input_cosine"] = _np((unit_inputs[:, a] * unit_inputs[:, b]).sum(0))
     frame["layer"] = layer
     frame["weight_rank"] = frame.groupby("out_feature")["and_score"].rank(ascending=False, method="first").astype("int64")
     both_active = (frame["coactivation"] * frame["n_active"]).round()  # a count: 15/22*22 is 14.999...
@@ -322,24 +331,27 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
 
 
 def _truth_frame(gates: pd.DataFrame, data: dict, cfg: CircuitConfig, layer: int) -> pd.DataFrame:
-    """The truth tables of the layer's `n_truth` best data-ranked candidates, a row per cell."""
-    chosen = gates[gates["layer_rank"] <= cfg.n_truth].sort_values("layer_rank")
+    """The truth tables of each output's `n_truth` best data-ranked candidates, a row per cell."""
+    chosen = gates[gates["data_rank"] <= cfg.n_truth]
     c, stats = data["candidates"], data["stats"]
-    rows = []
-    for g in chosen.itertuples(index=False):
-        f = int(g.out_feature)
-        slot = int(((c.in_a[f] == g.in_a) & (c.in_b[f] == g.in_b) & c.valid[f]).nonzero()[0, 0])
-        for cell, name in enumerate(CELLS):
-            rows.append({
-                "layer": layer, "out_feature": f, "in_a": int(g.in_a), "in_b": int(g.in_b),
-                "layer_rank": int(g.layer_rank), "cell": name,
-                "n_tokens": int(stats["cell_tokens"][f, slot, cell]),
-                "mean_activation": float(stats["cell_mean"][f, slot, cell]),
-                "active_share": float(stats["cell_active_share"][f, slot, cell]),
-                "quantile_activation": float(stats["cell_quantile"][f, slot, cell]),
-            })
-    return pd.DataFrame(rows, columns=["layer", "out_feature", "in_a", "in_b", "layer_rank", "cell", "n_tokens",
-                                       "mean_activation", "active_share", "quantile_activation"])
+    f = torch.tensor(chosen["out_feature"].to_numpy(dtype=np.int64))
+    a = torch.tensor(chosen["in_a"].to_numpy(dtype=np.int64))
+    b = torch.tensor(chosen["in_b"].to_numpy(dtype=np.int64))
+    # each chosen row's slot among its output's candidates
+    match = (c.in_a.cpu()[f] == a[:, None]) & (c.in_b.cpu()[f] == b[:, None]) & c.valid.cpu()[f]
+    slot = match.float().argmax(1)
+    cell = lambda name: stats[name].cpu()[f, slot]  # noqa: E731  [n, 4]
+    n = len(chosen)
+    repeat = lambda values: np.repeat(np.asarray(values), len(CELLS))  # noqa: E731
+    return pd.DataFrame({
+        "layer": layer, "out_feature": repeat(f.numpy()), "in_a": repeat(a.numpy()), "in_b": repeat(b.numpy()),
+        "layer_rank": pd.array(repeat(chosen["layer_rank"].to_numpy(dtype=object)), dtype="Int64"),
+        "cell": np.tile(np.array(CELLS, dtype=object), n),
+        "n_tokens": _np(cell("cell_tokens")).reshape(-1).astype(np.int64),
+        "mean_activation": _np(cell("cell_mean")).reshape(-1),
+        "active_share": _np(cell("cell_active_share")).reshape(-1),
+        "quantile_activation": _np(cell("cell_quantile")).reshape(-1),
+    })
 
 
 def _check_shapes(mlp: MLPWeights, sae_in: SAEWeights, outputs: Outputs) -> None:
@@ -383,7 +395,7 @@ def _map_chunks(fn, starts, workers: int, done) -> list:
             results.append(fn(s))
             done(s)
         return results
-    with _intra_op_threads(1), ThreadPoolExecutor(workers) as pool:
+    with intra_op_threads(1), ThreadPoolExecutor(workers) as pool:
         futures = [pool.submit(fn, s) for s in starts]
         for s, future in zip(starts, futures):
             future.result()
@@ -392,7 +404,7 @@ def _map_chunks(fn, starts, workers: int, done) -> list:
 
 
 @contextmanager
-def _intra_op_threads(n: int | None):
+def intra_op_threads(n: int | None):
     """Run the block with torch's intra-op thread count set to `n` (None: leave it)."""
     before = torch.get_num_threads()
     if n is not None:

@@ -82,6 +82,8 @@ def reference_stats(z, scale, acts, cross, f, a, b, q):
         "mean_contribution": contribution[active].sum() / n_active if n_active else np.nan,
         "contribution_share": contribution[active].sum() / act[active].sum() if act[active].sum() != 0 else np.nan,
         "and_data": and_data,
+        # P(a and b) / (P(a) P(b)) over every token
+        "coactivation_lift": (on_a & on_b).mean() / (on_a.mean() * on_b.mean()) if on_a.any() and on_b.any() else np.nan,
         "cell_tokens": [float(c.sum()) for c in cells],
         "cell_mean": means,
         "cell_active_share": [(active & c).sum() / c.sum() if c.any() else np.nan for c in cells],
@@ -242,8 +244,12 @@ def test_every_candidate_statistic_matches_brute_force(site):
         np.testing.assert_allclose([g.cross, g.self_a, g.self_b], [2 * Qt[f, a, b], Qt[f, a, a], Qt[f, b, b]],
                                    rtol=1e-10, atol=1e-10)
         expected = reference_stats(z, scale, acts, 2 * Qt[f, a, b].item(), f, a, b, q)
-        for name in ("n_active", "coactivation", "mean_contribution", "contribution_share", "and_data"):
+        for name in ("n_active", "coactivation", "coactivation_lift", "mean_contribution", "contribution_share",
+                     "and_data"):
             np.testing.assert_allclose(getattr(g, name), expected[name], rtol=1e-10, atol=1e-12, err_msg=name)
+        # the cosine of the two inputs' directions as the MLP reads them (times the gain on resid_mid)
+        da, db = basis[:, a], basis[:, b]
+        np.testing.assert_allclose(g.input_cosine, (da @ db / (da.norm() * db.norm())).item(), rtol=1e-10)
     for (f, a, b), rows in truth.groupby(["out_feature", "in_a", "in_b"]):
         f, a, b = int(f), int(a), int(b)
         expected = reference_stats(z, scale, acts, 2 * Qt[f, a, b].item(), f, a, b, q)

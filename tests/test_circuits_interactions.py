@@ -227,10 +227,11 @@ def test_tables_do_not_depend_on_chunking_or_threads():
     settings = [(100, 100, 10_000, 1, 400), (2, 3, 7, 2, 50), (5, 8, 64, 3, 33), (3, 1, 1000, 0, 1)]
     for chunk, block, token_batch, workers, size in settings:
         cfg = CircuitConfig(
-            chunk_size=chunk, block_size=block, token_batch=token_batch, n_workers=workers,
+            chunk_size=chunk, block_size=block, token_batch=token_batch,
             max_rank=10, min_active=5, n_truth=20, dtype="float64",
         )
-        frames.append(analyse_layer(mlp, sae_in, outputs, lambda: split(batch, size), cfg, layer=3))
+        frames.append(analyse_layer(mlp, sae_in, outputs, lambda: split(batch, size), cfg, layer=3,
+                                    workers=max(1, workers), token_threads=max(1, workers)))
     assert set(frames[0]) == {"interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "lowrank_samples"}
     assert len(frames[0]["gate_truth"]) > 0 and frames[0]["gates"].and_data.notna().any()
     for other in frames[1:]:

@@ -1,97 +1,144 @@
-"""Gate verdicts on planted tables: the general AND verdict and the negation label."""
+"""The rules of the verdicts stage on planted tables: split pairs and the circuit ranking,
+reading sets and label groups, verdicts and the negation label."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.analysis.verdicts import MIN_CELL, best_candidates, gate_verdicts, negation_candidates
+from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, label_groups, rank_groups,
+                                         rank_pairs, reading_sets, split_pairs, to_ablate, verdict_rows)
+
+CFG = VerdictConfig()
+KEYS = {"layer": 0, "outputs": "sae", "input_site": "resid_mid"}
 
 
-def gates(**change) -> pd.DataFrame:
-    row = {"layer": 0, "out_feature": 7, "in_a": 1, "in_b": 2, "layer_rank": 1, "gate_score": 0.28,
-           "contribution_share": 0.3, "coactivation": 0.8, "and_score": 0.1, "and_data": 0.95, "n_both": 100,
-           "n_a_only": 60, "n_b_only": 80, **change}
-    other = {**row, "out_feature": 8, "in_b": 3, "layer_rank": 2, "and_data": 0.2}
-    unranked = {**row, "out_feature": 9, "layer_rank": pd.NA}
-    return pd.DataFrame([row, other, unranked])
+def facts(top=None, labels=None, boost=None) -> InputFacts:
+    top = top or {1: "not", 2: "happy", 3: "happy", 4: ",", 5: ",", 6: "dog", 7: "cat", 8: "dad", 9: "the"}
+    contexts = {8: {"dad", "aunt"}, 9: {"mom", "dad"}}  # 8 and 9 peak on one token: a split too
+    return InputFacts(top, contexts, labels or {}, {}, boost or {}, {("in", 1): "a negation cue"})
 
 
-def ablation(drop_a=0.9, drop_b=0.8) -> pd.DataFrame:
-    rows = []
-    for ablated, drop in (("a", drop_a), ("b", drop_b), ("both", 1.0)):
-        rows.append({"layer": 0, "out_feature": 7, "in_a": 1, "in_b": 2, "ablated": ablated,
-                     "activation_before": 2.0, "activation_after": 2.0 * (1 - drop), "pre_before": 2.0,
-                     "pre_after": 2.0 * (1 - drop), "pre_change_predicted": -2.0 * drop, "logprob_before": -1.0,
-                     "logprob_after": -2.0})
-    return pd.DataFrame(rows)
+def gate(out, a, b, score, cosine=0.1, lift=1.5, **extra) -> dict:
+    row = {**KEYS, "out_feature": out, "in_a": a, "in_b": b, "gate_score": score, "input_cosine": cosine,
+           "coactivation_lift": lift, "contribution_share": score, "coactivation": 0.5, "and_data": 0.9,
+           "n_active": 200.0, "n_both": 100.0, "n_a_only": 60.0, "n_b_only": 80.0}
+    return {**row, **extra}
 
 
-def verdict_of(frame: pd.DataFrame, feature: int = 7) -> pd.Series:
-    return frame.set_index("out_feature").loc[feature]
+def test_the_split_pair_rule():
+    same = np.array([True, False, False, False])
+    cosine = np.array([0.0, 0.5, 0.5, 0.1])
+    lift = np.array([0.5, 3.0, 1.0, 9.0])
+    # one top token; near-parallel and firing together; near-parallel only; firing together only
+    assert split_pairs(same, cosine, lift, CFG).tolist() == [True, True, False, False]
 
 
-def test_best_candidates_are_the_ranked_ones_in_order():
-    picked = best_candidates(gates(), 5)
-    assert picked["out_feature"].tolist() == [7, 8]
-    assert best_candidates(gates(), 1)["out_feature"].tolist() == [7]
+def test_circuit_rank_puts_split_pairs_after_every_other_candidate():
+    gates = pd.DataFrame([
+        gate(10, 4, 5, 0.40),  # ',' x ',': a split pair, the best score of the layer
+        gate(10, 1, 6, 0.05),  # the same output's best pair that is not split: its candidate
+        gate(11, 2, 3, 0.30),  # 'happy' x 'happy': split, and the output has nothing else
+        gate(12, 1, 2, 0.20),
+        gate(13, 6, 7, 0.10, cosine=0.6, lift=4.0),  # near-parallel and co-firing: split
+        gate(14, 1, 7, np.nan),  # never seen apart: not ranked at all
+        gate(15, 8, 9, 0.15),  # different top tokens, but both peak on "dad": split
+    ])
+    ranked = rank_pairs(gates, facts(), CFG)
+    assert ranked[["out_feature", "in_a", "in_b", "circuit_rank", "split_pair"]].values.tolist() == [
+        [12, 1, 2, 1, False], [10, 1, 6, 2, False], [11, 2, 3, 3, True], [15, 8, 9, 4, True], [13, 6, 7, 5, True]]
+    assert ranked["same_top_token"].tolist() == [False, False, True, True, False]
 
 
-def verdicts(frame, ablations, labels=None):
-    return gate_verdicts(best_candidates(frame, 5), ablations, None, labels)
+def ablation_rows(keys: dict, drop_a: float, drop_b: float) -> list[dict]:
+    return [{**KEYS, **keys, "ablated": ablated, "n_tokens": 50, "activation_before": 2.0,
+             "activation_after": 2.0 * (1 - drop), "share_a": 0.4, "share_b": 0.3, "share_other": 0.2,
+             "share_bias": 0.05, "share_error": 0.05}
+            for ablated, drop in (("a", drop_a), ("b", drop_b), ("both", 1.0))]
+
+
+def verdict_of(pairs, ablation, labels=None, boost=None, cfg=CFG) -> pd.Series:
+    frame = verdict_rows(rank_pairs(pd.DataFrame(pairs), facts(labels=labels, boost=boost), cfg),
+                         pd.DataFrame(columns=["out_feature", "circuit_rank"]), pd.DataFrame(ablation), None,
+                         facts(labels=labels, boost=boost), cfg)
+    return frame.set_index("out_feature").iloc[0]
 
 
 def test_a_clean_and_is_called_an_and():
-    v = verdict_of(verdicts(gates(), ablation()))
-    assert v["is_and"] and v["verdict"] == "behaves as an AND gate"
+    v = verdict_of([gate(7, 1, 6, 0.3)], ablation_rows({"out_feature": 7, "in_a": 1, "in_b": 6}, 0.9, 0.8))
+    assert v["is_and"] and v["verdict"] == "behaves as an AND gate" and v["kind"] == "pair"
     assert v["drop_a"] == pytest.approx(0.9) and v["drop_both"] == pytest.approx(1.0)
-    assert v["negation_gate"] is None  # no labels: no negation label either way
+    assert v["share_a"] == pytest.approx(0.4) and v["ablation_tokens"] == 50
+    assert v["members_a"] == [1] and v["members_b"] == [6] and "negation cue" in v["a_description"]
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"gates": gates(n_both=MIN_CELL - 1)}, "too few tokens"),
-    ({"gates": gates(n_a_only=3)}, "rarely fire apart"),
-    ({"ablation": ablation(drop_a=0.2)}, "removing one input keeps 80%"),
-    ({"ablation": ablation().iloc[:0]}, "no ablation measured"),
+    ({"n_both": CFG.min_cell - 1}, "too few tokens"),
+    ({"n_a_only": 3}, "rarely fire apart"),
+    ({"and_data": 0.4}, "OR-like"),
+    ({"drop_a": 0.2}, "removing a alone keeps 80%"),
+    ({"no_ablation": True}, "no ablation measured"),
 ])
 def test_what_fails_is_named(change, reason):
-    v = verdict_of(verdicts(change.get("gates", gates()), change.get("ablation", ablation())))
+    keys = {"out_feature": 7, "in_a": 1, "in_b": 6}
+    ablation = [] if change.get("no_ablation") else ablation_rows(keys, change.get("drop_a", 0.9), 0.8)
+    extra = {k: v for k, v in change.items() if k not in ("drop_a", "no_ablation")}
+    v = verdict_of([gate(7, 1, 6, 0.3, **extra)], ablation)
     assert not v["is_and"] and reason in v["verdict"]
 
 
-def test_an_or_like_truth_table_is_not_an_and():
-    v = verdict_of(verdicts(gates(), ablation()), 8)
-    assert not v["is_and"] and not v["truth_and"] and "OR-like" in v["verdict"]
-
-
-def labels(neg_a=0.9, ctx_b=0.85, neg_b=0.1, boost_other=2.0, boost_same=-2.0) -> pd.DataFrame:
-    rows = []
-
-    def share(feature, channel, cls, value, site="resid_mid"):
-        rows.append({"layer": 0, "site": site, "feature": feature, "channel": channel, "class": cls,
-                     "kind": "activation_share", "value": value, "n_tokens": None})
-
-    share(1, "negation", "negation", neg_a)
-    share(1, "context", "positive", 0.5)
-    share(2, "negation", "negation", neg_b)
-    share(2, "context", "positive", ctx_b)
-    share(2, "context", "negative", 1 - ctx_b)
-    for cls, value in (("negative", boost_other), ("positive", boost_same)):
-        rows.append({"layer": 0, "site": "mlp_out", "feature": 7, "channel": "lexicon", "class": cls,
-                     "kind": "logit_boost", "value": value, "n_tokens": 10})
-    return pd.DataFrame(rows)
-
-
-@pytest.mark.parametrize("kwargs, expected", [
-    ({}, True),  # negation x positive context -> boosts negative words
-    ({"boost_other": 0.5}, False),  # the output barely boosts the other class
-    ({"boost_other": -2.0, "boost_same": 2.0}, False),  # it boosts the context's own class
-    ({"neg_a": 0.3}, False),  # no input is a negation feature
-    ({"ctx_b": 0.6}, False),  # the other input is not mainly one context
-    ({"neg_b": 0.9}, False),  # the "context" input is above all a negation feature
+@pytest.mark.parametrize("labels, boost, expected", [
+    ({1: "negation", 6: "context=positive"}, {7: ("negative", 2.0)}, True),  # negation x positive context -> negative words
+    ({1: "negation", 6: "context=positive"}, {7: ("negative", 0.5)}, False),  # barely boosts the other class
+    ({1: "negation", 6: "context=positive"}, {7: ("positive", 2.0)}, False),  # boosts the context's own class
+    ({1: "context=negative", 6: "context=positive"}, {7: ("negative", 2.0)}, False),  # no negation side
+    ({1: "negation"}, {7: ("negative", 2.0)}, False),  # the other side has no context label
 ])
-def test_negation_label(kwargs, expected):
-    v = verdict_of(verdicts(gates(), ablation(), labels(**kwargs)))
+def test_negation_label(labels, boost, expected):
+    v = verdict_of([gate(7, 1, 6, 0.3)], [], labels=labels, boost=boost)
     assert v["negation_gate"] == expected
-    found = negation_candidates(gates(), labels(**kwargs))
-    assert found["out_feature"].tolist() == ([7] if expected else [])
+
+
+def test_reading_sets_take_the_eigenvectors_that_carry_the_activation():
+    eigen = pd.DataFrame({"out_feature": [0, 0, 0, 1, 1], "rank": [1, 2, 3, 1, 2],
+                          "activation_share": [-0.1, 0.7, 0.2, np.nan, 0.5]})
+    rows = []
+    for out, k, reads in [(0, 1, [(9, 0.9), (8, 0.8)]), (0, 2, [(1, 0.5), (2, -0.4), (3, 0.1)]),
+                          (0, 3, [(4, 0.3), (5, 0.3)]), (1, 2, [(6, 0.6), (7, 0.05)])]:
+        rows += [{"out_feature": out, "eigen_rank": k, "input_rank": i + 1, "in_feature": f, "cosine": c}
+                 for i, (f, c) in enumerate(reads)]
+    sets = reading_sets(eigen, pd.DataFrame(rows), CFG.replace(n_eigen=2, min_cosine=0.2))
+    # output 0: eigenvectors 2 and 3 (1 takes activation away); |cosine| 0.1 is not a read;
+    # output 1: eigenvector 2 reads one input only, no set
+    assert sets.values.tolist() == [[0, 2, [1, 2]], [0, 3, [4, 5]]]
+    assert reading_sets(eigen, pd.DataFrame(rows), CFG.replace(n_eigen=1, max_members=2)).values.tolist() == [
+        [0, 2, [1, 2]]]
+
+
+def test_label_groups_are_joined_by_what_an_output_reads():
+    groups = label_groups(facts(labels={1: "negation", 2: "negation", 5: "context=positive", 6: "context=negative"}))
+    assert groups == {"context=negative": [6], "context=positive": [5], "negation": [1, 2]}
+    sets = pd.DataFrame({"out_feature": [3], "eigen_rank": [1], "members": [[1, 5, 9]]})
+    interactions = pd.DataFrame({"out_feature": [4, 4, 8], "kind": ["cross", "self", "cross"], "rank": [1, 1, 30],
+                                 "in_a": [2, 6, 1], "in_b": [6, 6, 5]})
+    found = label_candidates(groups, sets, interactions, CFG)
+    # output 3 reads negation and positive context; output 4's top cross term joins negation and
+    # negative context; output 8's joining term ranks beyond n_interactions
+    assert found.values.tolist() == [[3, "context=positive", "negation"], [4, "context=negative", "negation"]]
+
+
+def test_group_ranking_takes_each_outputs_best_and_puts_splits_last():
+    gates = pd.DataFrame({"out_feature": [1, 1, 2, 3, 4], "group_a": [0, 1, 2, 3, 4], "group_b": [5, 6, 7, 8, 9],
+                          "gate_score": [0.2, 0.4, 0.5, np.nan, 0.3], "split_pair": [False, False, True, False, False]})
+    assert rank_groups(gates).tolist() == [pd.NA, 1, 3, pd.NA, 2]
+
+
+def test_the_candidates_to_ablate():
+    verdicts = pd.DataFrame({"kind": ["pair"] * 4 + ["group"], "circuit_rank": [1, 2, 3, 4, 1],
+                             "out_feature": [0, 1, 2, 3, 0], "in_a": [1, 1, 2, 3, pd.NA], "in_b": [2, 3, 4, 5, pd.NA],
+                             "group_a": [pd.NA] * 4 + [0], "group_b": [pd.NA] * 4 + [1],
+                             "negation_gate": [False, False, False, True, False]})
+    assert to_ablate(verdicts, "pair", 2, negation=False)["out_feature"].tolist() == [0, 1]
+    assert to_ablate(verdicts, "pair", 2, negation=True)["out_feature"].tolist() == [0, 1, 3]
+    assert to_ablate(verdicts, "group", 2, negation=True)["out_feature"].tolist() == [0]

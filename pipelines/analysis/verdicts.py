@@ -1,177 +1,331 @@
-"""Verdicts on each layer's best gate candidates, from data that any corpus provides.
+"""Which gate candidates are circuits: split pairs, group gates, the circuit ranking, verdicts.
 
-A candidate (output f, inputs a and b) *behaves as an AND gate* when
-- its truth table says f needs both inputs: `and_data >= AND_DATA` (f's mean activation
-  where both are active exceeds its mean in every other cell by that share of itself),
-  with at least `MIN_CELL` tokens where both are active and as many where each is active
-  without the other (inputs that always fire together cannot show an AND); and
-- ablating either input alone removes at least `DROP_ONE` of f's activation on the tokens
-  where both are active (taking out one input of an AND silences it; of an OR, it does not).
+Pairs. Each output's candidate pairs come from the `gates` table (`circuits.gates`). A pair
+whose two inputs are one concept written as two latents is a *split pair*: its inputs share
+a top token (the same `features.top_token`, the token carrying most of each input's
+activation, or a token among both's `features.top_tokens`, the tokens of their
+best-activating contexts), or their MLP-input directions are near-parallel (`input_cosine
+>= split_cosine`) and they fire together more than chance allows (`coactivation_lift >=
+split_lift`). Split pairs stay in the tables, flagged. Each output's *circuit candidate* is
+its best pair by `gate_score` that is not a split pair (its best split pair when it has no
+other), and `circuit_rank` ranks the layer's circuit candidates by `gate_score`, every split
+pair after every other candidate.
 
-Other outcomes are named for what failed: too few tokens, f fires without both inputs
-("OR-like"), or f survives removing an input. With the built-in corpus's labels (a
-`negation` channel, `context` classes and a lexicon of the same classes) a candidate is
-also labelled a *negation gate* when one input fires mainly within negations, the other
-mainly in contexts of one class, and f boosts lexicon words of the other class.
+Groups (`circuits.groups`). Per output, from what the corpus and the weights give:
+- `eigen`: each of the output's `n_eigen` eigenvectors carrying most of its activation
+  (`eigen.activation_share`) reads inputs (`eigen_inputs`, |cosine| >= `min_cosine`, at most
+  `max_members`); their best split into two groups is found on held-out tokens;
+- `labels`: inputs with the same label (`features.label`: the class holding most of the
+  input's activation, see `pipelines.analysis.features`) form a group, and two label groups
+  are a candidate of an output when one of its eigenvectors above reads members of both or
+  one of its `n_interactions` strongest cross terms joins them.
+A group gate is a split when split pairs carry most of the cross terms between its groups
+(label groups of two classes are distinct concepts by construction). Group gates get a
+`circuit_rank` of their own, by the same rule.
+
+Verdicts. A candidate (pair or groups) *behaves as an AND gate* when its truth table says the
+output needs both sides (`and_data >= and_data`, with at least `min_cell` tokens with both on
+and with each on without the other) and removing either side alone from the MLP's input
+removes at least `drop_one` of the output's activation. Otherwise the verdict names what
+failed. With negation and context labels, a candidate is a *negation gate* when one side is
+labelled `negation`, the other `context=C`, and the output boosts the lexicon words of a
+class other than C by at least `boost_sd`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pandas as pd
 
-AND_DATA = 0.6  # an equal-weight sum z_a + z_b scores exactly 0.5: an AND must clear it
-MIN_CELL = 20
-DROP_ONE = 0.5
-NEGATION_SHARE = 0.5  # least share of an input's activation within negations
-CONTEXT_SHARE = 0.7  # least share of the other input's activation in one context class
-BOOST_SD = 1.0  # least boost (sd) of the output towards the other class's words
+from circuits.config import Config, option
+from circuits.groups import MAX_MEMBERS
+
+NEGATION = "negation"
+CONTEXT = "context="
+SOURCES = ("eigen", "labels")
 
 
-def circuit_part(frame: pd.DataFrame | None, input_site: str = "resid_mid", outputs: str = "sae") -> pd.DataFrame | None:
-    """The rows of a circuit table for one output set and input site (a run may hold several)."""
-    if frame is None or "outputs" not in frame.columns:
-        return frame
-    return frame[(frame["outputs"] == outputs) & (frame["input_site"] == input_site)].reset_index(drop=True)
+@dataclass(frozen=True)
+class VerdictConfig(Config):
+    """How gate candidates are ranked, grouped, ablated and judged."""
+
+    rows: int = option(1024, "held-out rows for the group statistics", low=1)
+    groups: tuple[str, ...] = option(SOURCES, "input groups formed: eigen (inputs a top eigenvector reads), labels "
+                                              "(inputs mainly in one label class)")
+    n_eigen: int = option(2, "eigenvectors per output, by their share of its activation, whose reads form groups", low=1)
+    min_cosine: float = option(0.2, "least |cosine| of an input with an eigenvector to count as read by it",
+                               low=0.0, high=1.0)
+    max_members: int = option(8, "inputs per eigenvector's reading set (its strongest reads)", low=2, high=MAX_MEMBERS)
+    n_interactions: int = option(10, "strongest cross terms per output that can join two label groups", low=0)
+    split_cosine: float = option(0.4, "a pair with this input cosine or more, firing together at least split_lift "
+                                      "times as often as chance, is a split pair", low=-1.0, high=1.0)
+    split_lift: float = option(2.0, "see split_cosine", low=0.0)
+    min_cell: int = option(20, "least tokens with both inputs on, and with each on without the other, for a verdict",
+                           low=1)
+    and_data: float = option(0.6, "least and_data for the truth table to say AND (an equal-weight sum of two inputs "
+                                  "scores 0.5)", low=0.0, high=1.0)
+    drop_one: float = option(0.5, "least share of the output that removing either input alone must take away for "
+                                  "an AND", low=0.0, high=1.0)
+    boost_sd: float = option(1.0, "least boost (sd) of the other class's words for a negation gate", low=0.0)
+    n_ablate: int = option(8, "best pairs, and best group gates, per layer by circuit_rank ablated in the model "
+                              "(plus each layer's best negation gate of each kind)", low=0)
+    ablate_rows: int = option(256, "held-out rows searched for ablation tokens", low=1)
+    ablate_tokens: int = option(256, "tokens per ablated candidate: a seeded sample of those where both inputs are "
+                                     "on and the output is active", low=1)
+    seed: int = option(0, "seeds the sample of ablation tokens")
+
+    def check(self) -> None:
+        unknown = [g for g in self.groups if g not in SOURCES]
+        if unknown:
+            raise ValueError(f"VerdictConfig.groups: unknown {unknown[0]!r}; choose from {', '.join(SOURCES)}")
 
 
-def best_candidates(gates: pd.DataFrame, n: int, distinct_pairs: bool = True) -> pd.DataFrame:
-    """Each layer's `n` best data-ranked candidates, best first: one per output feature and,
-    with `distinct_pairs`, one per input pair (a pair that builds several outputs is shown
-    with its best one)."""
-    ranked = gates[gates["layer_rank"].notna()].sort_values(["layer", "layer_rank"])
-    if distinct_pairs:
-        ranked = ranked.drop_duplicates(["layer", "in_a", "in_b"])
-    return ranked.groupby("layer").head(n).reset_index(drop=True)
+# ------------------------------------------------------------------ features of inputs
 
 
-def negation_candidates(gates: pd.DataFrame, labels: pd.DataFrame | None, n: int = 1) -> pd.DataFrame:
-    """Each layer's `n` best data-ranked candidates that the corpus's labels call negation
-    gates (see `_negation_gate`); empty without negation and context labels."""
-    ranked = gates[gates["layer_rank"].notna()].sort_values(["layer", "layer_rank"])
-    keep = [bool(_negation_gate(labels, (int(g.layer), int(g.out_feature), int(g.in_a), int(g.in_b))))
-            for g in ranked.itertuples(index=False)] if len(ranked) else []
-    found = ranked[keep] if keep else ranked.iloc[:0]
-    return found.groupby("layer").head(n).reset_index(drop=True)
+@dataclass
+class InputFacts:
+    """What the verdicts read about the input and output features of one layer."""
+
+    top_token: dict[int, str]  # input feature -> its top token
+    top_tokens: dict[int, set[str]]  # input feature -> the tokens of its best-activating contexts
+    label: dict[int, str]  # input feature -> its label class (labelled ones only)
+    out_label: dict[int, str]  # output feature -> its label
+    boost: dict[int, tuple[str, float]]  # output feature -> (lexicon class it boosts most, sd)
+    descriptions: dict[tuple[str, int], str]  # ("in" | "out", feature) -> description
+
+    @classmethod
+    def of(cls, features: pd.DataFrame | None, layer: int, input_site: str) -> "InputFacts":
+        if features is None or features.empty:
+            return cls({}, {}, {}, {}, {}, {})
+        mine = features[features["layer"] == layer]
+        ins, outs = mine[mine["site"] == input_site], mine[mine["site"] == "mlp_out"]
+        text = lambda frame, column: {int(f): str(v) for f, v in zip(frame["feature"], frame[column])  # noqa: E731
+                                      if v is not None and not (isinstance(v, float) and np.isnan(v))}
+        boost = {int(f): (str(c), float(s)) for f, c, s in zip(outs["feature"], outs["boost_label"], outs["boost_sd"])
+                 if isinstance(c, str)}
+        descriptions = {("in", f): d for f, d in text(ins, "description").items()}
+        descriptions.update({("out", f): d for f, d in text(outs, "description").items()})
+        tokens = {int(f): set(v) for f, v in zip(ins["feature"], ins["top_tokens"]) if v is not None}
+        return cls(text(ins, "top_token"), tokens, text(ins, "label"), text(outs, "label"), boost, descriptions)
+
+    def same_top_token(self, a, b) -> np.ndarray:
+        """Whether inputs a[i] and b[i] share a top token: the same `top_token`, or one
+        among both's `top_tokens` (never for unknown inputs)."""
+        def shared(x: int, y: int) -> bool:
+            top = self.top_token.get(x)
+            return (top is not None and top == self.top_token.get(y)) or bool(
+                self.top_tokens.get(x, set()) & self.top_tokens.get(y, set()))
+        return np.array([shared(int(x), int(y)) for x, y in zip(a, b)], dtype=bool)
+
+    def group_label(self, members: list[int]) -> str | None:
+        """The label held by more than half of a group's members, if any."""
+        labels = [self.label.get(m) for m in members]
+        best = max(set(labels) - {None}, key=labels.count, default=None)
+        return best if best is not None and labels.count(best) * 2 > len(members) else None
+
+    def negation_gate(self, out_feature: int, label_a: str | None, label_b: str | None, cfg: VerdictConfig) -> bool:
+        """One side negation, the other context C, the output boosting another class's words."""
+        for neg, ctx in ((label_a, label_b), (label_b, label_a)):
+            if neg == NEGATION and isinstance(ctx, str) and ctx.startswith(CONTEXT):
+                cls, sd = self.boost.get(out_feature, (None, float("nan")))
+                if cls is not None and cls != ctx[len(CONTEXT):] and sd >= cfg.boost_sd:
+                    return True
+        return False
 
 
-def gate_verdicts(candidates: pd.DataFrame, ablation: pd.DataFrame | None, features: pd.DataFrame | None,
-                  labels: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per candidate (rows of the gates table): its figures, descriptions, verdicts."""
-    rows = []
-    described = _index(features, ["layer", "site", "feature"])
-    for g in candidates.itertuples(index=False):
-        key = (int(g.layer), int(g.out_feature), int(g.in_a), int(g.in_b))
-        row = {
-            "layer": key[0], "out_feature": key[1], "in_a": key[2], "in_b": key[3], "layer_rank": int(g.layer_rank),
-            "gate_score": g.gate_score, "contribution_share": g.contribution_share, "coactivation": g.coactivation,
-            "and_score": g.and_score, "and_data": g.and_data, "both_tokens": _count(getattr(g, "n_both", 0)),
-            "apart_tokens": min(_count(getattr(g, "n_a_only", 0)), _count(getattr(g, "n_b_only", 0))),
-            **_drops(ablation, key),
-        }
-        row["truth"], row["truth_and"] = _truth_verdict(row)
-        row["verdict"], row["is_and"] = _verdict(row)
-        row["negation_gate"] = _negation_gate(labels, key)
-        for side, site, feature in (("out", "mlp_out", key[1]), ("a", None, key[2]), ("b", None, key[3])):
-            row[f"{side}_description"] = _description(described, key[0], site, feature)
-        rows.append(row)
-    return pd.DataFrame(rows)
+def has_negation_labels(classes: dict[str, list[str]]) -> bool:
+    """Whether the corpus's label channels (`TokenStore.classes`) let the negation-gate
+    rule speak: a `negation` channel and a `context` one."""
+    return NEGATION in classes and CONTEXT.rstrip("=") in classes
 
 
-def _count(value) -> int:
-    """A token count from the gates table; missing (a table without data statistics) is 0."""
-    return 0 if value is None or pd.isna(value) else int(value)
+# ------------------------------------------------------------------ pairs
 
 
-def _truth_verdict(row: dict) -> tuple[str, bool]:
-    """What the truth table says, from the counts and `and_data` of the gates table."""
-    if row["both_tokens"] < MIN_CELL:
-        return f"too few tokens with both inputs active ({row['both_tokens']})", False
-    if row["apart_tokens"] < MIN_CELL:
-        return (f"the inputs rarely fire apart ({row['apart_tokens']} tokens with one but not the other): "
-                "the truth table cannot tell an AND"), False
-    if not row["and_data"] >= AND_DATA:
-        return f"fires without both inputs (and_data {row['and_data']:.2f}): OR-like, not an AND", False
-    return f"needs both inputs (and_data {row['and_data']:.2f})", True
+def split_pairs(same_token: np.ndarray, cosine: np.ndarray, lift: np.ndarray, cfg: VerdictConfig) -> np.ndarray:
+    """The split-pair rule (module docstring), elementwise."""
+    return same_token | ((np.nan_to_num(cosine, nan=-2.0) >= cfg.split_cosine)
+                         & (np.nan_to_num(lift, nan=0.0) >= cfg.split_lift))
 
 
-def _verdict(row: dict) -> tuple[str, bool]:
-    if not row["truth_and"]:
-        return row["truth"], False
-    weaker = min(row.get("drop_a", float("nan")), row.get("drop_b", float("nan")))
+def rank_pairs(gates: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
+    """Each output's circuit candidate (rows of `gates`, data-ranked ones only) with
+    `same_top_token`, `split_pair` and `circuit_rank`, best first."""
+    ranked = gates[gates["gate_score"].notna()].copy()
+    ranked["same_top_token"] = facts.same_top_token(ranked["in_a"], ranked["in_b"])
+    ranked["split_pair"] = split_pairs(ranked["same_top_token"].to_numpy(), ranked["input_cosine"].to_numpy(),
+                                       ranked["coactivation_lift"].to_numpy(), cfg)
+    ranked = ranked.sort_values(["split_pair", "gate_score", "in_a", "in_b"], ascending=[True, False, True, True])
+    chosen = ranked.drop_duplicates(["layer", "out_feature"])
+    chosen = chosen.sort_values(["layer", "split_pair", "gate_score", "out_feature"], ascending=[True, True, False, True])
+    chosen["circuit_rank"] = chosen.groupby("layer").cumcount() + 1
+    return chosen.reset_index(drop=True)
+
+
+# ------------------------------------------------------------------ groups
+
+
+def reading_sets(eigen: pd.DataFrame, eigen_inputs: pd.DataFrame, cfg: VerdictConfig) -> pd.DataFrame:
+    """Per output, the inputs each of its `n_eigen` eigenvectors with the largest positive
+    activation share reads: columns out_feature, eigen_rank, members (list)."""
+    shares = eigen[eigen["activation_share"] > 0].sort_values(["out_feature", "activation_share"],
+                                                              ascending=[True, False])
+    top = shares.groupby("out_feature").head(cfg.n_eigen)[["out_feature", "rank"]].rename(columns={"rank": "eigen_rank"})
+    reads = eigen_inputs[eigen_inputs["cosine"].abs() >= cfg.min_cosine].merge(top, on=["out_feature", "eigen_rank"])
+    reads = reads.sort_values(["out_feature", "eigen_rank", "input_rank"])
+    sets = reads.groupby(["out_feature", "eigen_rank"])["in_feature"].agg(lambda s: [int(x) for x in s][: cfg.max_members])
+    sets = sets.reset_index().rename(columns={"in_feature": "members"})
+    return sets[sets["members"].map(len) >= 2].reset_index(drop=True)
+
+
+def label_groups(facts: InputFacts) -> dict[str, list[int]]:
+    """Inputs grouped by their label, the classes in sorted order."""
+    groups: dict[str, list[int]] = {}
+    for feature, label in sorted(facts.label.items()):
+        groups.setdefault(label, []).append(feature)
+    return dict(sorted(groups.items()))
+
+
+def label_candidates(groups: dict[str, list[int]], sets: pd.DataFrame, interactions: pd.DataFrame | None,
+                     cfg: VerdictConfig) -> pd.DataFrame:
+    """(out_feature, label_a, label_b) for each pair of label groups an output's reading sets
+    or strongest cross terms join."""
+    group_of = {m: label for label, members in groups.items() for m in members}
+    found = set()
+
+    def join(out: int, inputs_a, inputs_b) -> None:
+        for a, b in zip(inputs_a, inputs_b):
+            la, lb = group_of.get(a), group_of.get(b)
+            if la is not None and lb is not None and la != lb:
+                found.add((out, *sorted((la, lb))))
+
+    for out, members in zip(sets["out_feature"], sets["members"]):
+        pairs = [(a, b) for i, a in enumerate(members) for b in members[i + 1:]]
+        join(int(out), [p[0] for p in pairs], [p[1] for p in pairs])
+    if interactions is not None and cfg.n_interactions:
+        cross = interactions[(interactions["kind"] == "cross") & (interactions["rank"] <= cfg.n_interactions)]
+        for out, frame in cross.groupby("out_feature"):
+            join(int(out), frame["in_a"].tolist(), frame["in_b"].tolist())
+    return pd.DataFrame(sorted(found), columns=["out_feature", "label_a", "label_b"])
+
+
+def rank_groups(group_gates: pd.DataFrame) -> pd.Series:
+    """`circuit_rank` of each output's best group gate (null for the others), split ones last."""
+    frame = group_gates[group_gates["gate_score"].notna()]
+    frame = frame.sort_values(["split_pair", "gate_score", "group_a", "group_b"], ascending=[True, False, True, True])
+    best = frame.drop_duplicates(["out_feature"]).sort_values(["split_pair", "gate_score", "out_feature"],
+                                                             ascending=[True, False, True])
+    rank = pd.Series(np.arange(1, len(best) + 1), index=best.index)
+    return rank.reindex(group_gates.index).astype("Int64")
+
+
+# ------------------------------------------------------------------ verdicts
+
+
+def truth_verdict(both: float, apart: float, and_data: float, cfg: VerdictConfig) -> tuple[str, bool]:
+    """What the truth table says, from the tokens with both sides on, the fewer of those
+    with one side on alone, and `and_data`."""
+    both, apart = _count(both), _count(apart)
+    if both < cfg.min_cell:
+        return f"too few tokens with both inputs on ({both})", False
+    if apart < cfg.min_cell:
+        return (f"the inputs rarely fire apart ({apart} tokens with one but not the other): the truth table cannot "
+                "tell an AND"), False
+    if not and_data >= cfg.and_data:
+        return f"fires without both inputs (and_data {and_data:.2f}): OR-like, not an AND", False
+    return f"needs both inputs (and_data {and_data:.2f})", True
+
+
+def verdict(truth: str, truth_and: bool, drop_a: float, drop_b: float, cfg: VerdictConfig) -> tuple[str, bool]:
+    """The verdict from the truth table's and the ablations' findings."""
+    if not truth_and:
+        return truth, False
+    weaker = min(drop_a, drop_b)
     if weaker != weaker:
         return "truth table says AND; no ablation measured", False
-    if weaker < DROP_ONE:
-        return f"truth table says AND, but removing one input keeps {1 - weaker:.0%} of the output", False
+    if weaker < cfg.drop_one:
+        side = "a" if drop_a <= drop_b else "b"
+        return f"truth table says AND, but removing {side} alone keeps {1 - weaker:.0%} of the output", False
     return "behaves as an AND gate", True
 
 
-def _drops(ablation: pd.DataFrame | None, key: tuple) -> dict:
-    """Share of f's activation removed by each ablation, and how far the weights predicted it."""
-    out = {}
+def _count(value) -> int:
+    return 0 if value is None or pd.isna(value) else int(value)
+
+
+def drops(ablation: pd.DataFrame | None, keys: list[str]) -> pd.DataFrame:
+    """Per candidate (`keys`), the share of the output each ablation removed (`drop_a`,
+    `drop_b`, `drop_both`) and where its quadratic form came from (`share_*`)."""
+    columns = keys + ["drop_a", "drop_b", "drop_both", "ablation_tokens", "share_a", "share_b", "share_other",
+                      "share_bias", "share_error"]
     if ablation is None or ablation.empty:
-        return out
-    sel = ablation[(ablation["layer"] == key[0]) & (ablation["out_feature"] == key[1]) & (ablation["in_a"] == key[2])
-                   & (ablation["in_b"] == key[3])]
-    for r in sel.itertuples(index=False):
-        if r.activation_before:
-            out[f"drop_{r.ablated}"] = (r.activation_before - r.activation_after) / r.activation_before
-        out[f"pre_change_{r.ablated}"] = r.pre_after - r.pre_before
-        out[f"pre_change_predicted_{r.ablated}"] = r.pre_change_predicted
-        out[f"logprob_change_{r.ablated}"] = r.logprob_after - r.logprob_before
-    return out
+        return pd.DataFrame(columns=columns)
+    frame = ablation.assign(drop=(ablation["activation_before"] - ablation["activation_after"])
+                            / ablation["activation_before"].where(ablation["activation_before"] != 0))
+    wide = frame.pivot_table(index=keys, columns="ablated", values="drop", aggfunc="first")
+    wide = wide.reindex(columns=["a", "b", "both"]).add_prefix("drop_").reset_index()
+    shares = frame.drop_duplicates(keys)[keys + ["n_tokens", "share_a", "share_b", "share_other", "share_bias",
+                                                 "share_error"]].rename(columns={"n_tokens": "ablation_tokens"})
+    return wide.merge(shares, on=keys)[columns]
 
 
-def _index(frame: pd.DataFrame | None, keys: list[str]):
-    return None if frame is None or frame.empty else frame.set_index(keys).sort_index()
+VERDICT_KEYS = ["layer", "outputs", "input_site", "out_feature"]
 
 
-def _description(features, layer: int, site: str | None, feature: int) -> str:
-    if features is None:
-        return ""
-    sites = [site] if site else ["resid_mid", "mlp_in"]
-    for s in sites:
-        if (layer, s, feature) in features.index:
-            return str(features.loc[(layer, s, feature), "description"])
-    return ""
+def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.DataFrame | None,
+                 group_ablation: pd.DataFrame | None, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
+    """The `gate_verdicts` rows: every output's circuit candidate pair and best group gate."""
+    frames = []
+    if len(pairs):
+        pair_rows = pairs.merge(drops(pair_ablation, VERDICT_KEYS + ["in_a", "in_b"]), how="left",
+                                on=VERDICT_KEYS + ["in_a", "in_b"])
+        frames.append(pair_rows.assign(
+            kind="pair", group_a=pd.NA, group_b=pd.NA,
+            members_a=[[int(a)] for a in pair_rows["in_a"]], members_b=[[int(b)] for b in pair_rows["in_b"]],
+            label_a=[facts.label.get(int(a)) for a in pair_rows["in_a"]],
+            label_b=[facts.label.get(int(b)) for b in pair_rows["in_b"]]))
+    best = groups[groups["circuit_rank"].notna()] if len(groups) else groups
+    if len(best):
+        group_rows = best.merge(drops(group_ablation, VERDICT_KEYS + ["group_a", "group_b"]), how="left",
+                                on=VERDICT_KEYS + ["group_a", "group_b"])
+        frames.append(group_rows.assign(kind="group", in_a=pd.NA, in_b=pd.NA, same_top_token=pd.NA,
+                                        input_cosine=np.nan, coactivation_lift=np.nan))
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    out = []
+    for r in rows.to_dict("records"):
+        apart = min(_num(r.get("n_a_only")), _num(r.get("n_b_only")))
+        truth, truth_and = truth_verdict(r.get("n_both"), apart, _num(r.get("and_data")), cfg)
+        text, is_and = verdict(truth, truth_and, _num(r.get("drop_a")), _num(r.get("drop_b")), cfg)
+        f = int(r["out_feature"])
+        describe = lambda members: "; ".join(f"#{m} {facts.descriptions.get(('in', m), '')}".strip()  # noqa: E731
+                                             for m in members)
+        labels = {k: (r.get(k) if isinstance(r.get(k), str) else None) for k in ("label_a", "label_b")}
+        members = {k: [int(m) for m in r[k]] for k in ("members_a", "members_b")}
+        out.append({**r, **labels, **members, "both_tokens": _count(r.get("n_both")), "apart_tokens": _count(apart),
+                    "truth": truth,
+                    "truth_and": truth_and, "verdict": text, "is_and": is_and,
+                    "negation_gate": facts.negation_gate(f, labels["label_a"], labels["label_b"], cfg),
+                    "out_description": facts.descriptions.get(("out", f), ""),
+                    "a_description": describe(r["members_a"]), "b_description": describe(r["members_b"])})
+    frame = pd.DataFrame(out)
+    for column in ("circuit_rank", "in_a", "in_b", "group_a", "group_b"):
+        if column in frame:
+            frame[column] = frame[column].astype("Int64")
+    return frame
 
 
-class _Labels:
-    """The feature_labels table as lookups: activation shares of input features by class and
-    logit boosts of output features by lexicon class."""
-
-    def __init__(self, labels: pd.DataFrame):
-        shares = labels[labels["kind"] == "activation_share"]
-        self.share = {(r.layer, r.feature, r.channel, r["class"]): r.value
-                      for _, r in shares[shares["site"] != "mlp_out"].iterrows()}
-        boosts = labels[(labels["kind"] == "logit_boost") & (labels["site"] == "mlp_out")]
-        self.boost = {(r.layer, r.feature, r["class"]): r.value for _, r in boosts.iterrows()}
-        self.contexts = sorted(labels.loc[labels["channel"] == "context", "class"].unique())
+def _num(value) -> float:
+    return float("nan") if value is None or pd.isna(value) else float(value)
 
 
-_LABELS: dict[int, _Labels] = {}
-
-
-def _lookups(labels: pd.DataFrame) -> _Labels:
-    if id(labels) not in _LABELS:
-        _LABELS.clear()
-        _LABELS[id(labels)] = _Labels(labels)
-    return _LABELS[id(labels)]
-
-
-def _negation_gate(labels: pd.DataFrame | None, key: tuple) -> bool | None:
-    """The negation-gate label, or None when the corpus has no negation and context labels."""
-    if labels is None or labels.empty or not {"negation", "context"} <= set(labels["channel"].unique()):
-        return None
-    table = _lookups(labels)
-    layer, f, a, b = key
-    for neg, ctx in ((a, b), (b, a)):
-        if table.share.get((layer, neg, "negation", "negation"), 0.0) < NEGATION_SHARE:
-            continue
-        negation_share = table.share.get((layer, ctx, "negation", "negation"), 0.0)
-        for context in table.contexts:
-            share = table.share.get((layer, ctx, "context", context), 0.0)
-            if share >= CONTEXT_SHARE and share > negation_share:
-                others = [c for c in table.contexts if c != context]
-                if any(table.boost.get((layer, f, c), float("-inf")) >= BOOST_SD for c in others):
-                    return True
-    return False
+def to_ablate(verdicts: pd.DataFrame, kind: str, n: int, negation: bool) -> pd.DataFrame:
+    """The candidates of one kind worth ablating: the `n` best by circuit_rank, and with
+    negation labels the best negation gate."""
+    mine = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank")
+    chosen = [mine.head(n)]
+    if negation:
+        chosen.append(mine[mine["negation_gate"]].head(1))
+    return pd.concat(chosen).drop_duplicates(["out_feature", "in_a", "in_b", "group_a", "group_b"])

@@ -1,0 +1,247 @@
+"""Gates between groups of input features: what an output computes from two kinds of input.
+
+A circuit is often not one input pair: the output's top eigenvector reads several inputs of
+one kind (negation cues; features of one context) and the AND is between the kinds. A group
+gate of output f joins two disjoint groups of inputs A and B. A group is *on* at a token when
+any of its members is active there (members of a group are alternatives: any negation cue
+will do). On held-out tokens, streamed with bounded memory, each group gate gets the
+statistics a pair gets in `circuits.gates`, with groups in place of inputs:
+
+- a truth table over all tokens, four cells by whether A and B are on: token counts, f's
+  summed activation and the tokens where f is active; `and_data` from the cells' means;
+- `coactivation`: share of f's active tokens on which both groups are on;
+- `contribution_share`: the cross terms between the groups, `sum_{a in A, b in B}
+  2 Qt[a,b] z_a z_b s`, summed over f's active tokens, over the sum of f's activation there;
+- `gate_score = contribution_share * and_data` (clipped to [0, 1]) where both groups were
+  seen together, and each without the other, on at least `min_cell` tokens, and f was
+  active on at least `min_cell` tokens with both on.
+
+Two kinds of groups are accumulated differently:
+
+- `ReadSetStats`: small *reading sets* (at most `MAX_MEMBERS` inputs an eigenvector reads)
+  whose split into A and B is not known in advance. Per token the set's on/off pattern is a
+  code of at most 2^M values; a histogram of codes (tokens, f's activation, f active) and the
+  cross contribution of every member pair are enough to score every split afterwards, so
+  the best split is found exactly, from one pass.
+- `GroupStats`: given groups of any size (all inputs of a label class), through the factored
+  form of the MLP: with `Y_A = sum_{a in A} z_a M_a` (M the input basis), the cross terms are
+  `sum_h w_h ((Y_A W_gate)_h (Y_B W_in)_h + (Y_B W_gate)_h (Y_A W_in)_h)`, `w = W_out u_f`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
+
+
+@dataclass
+class GroupResult:
+    """Statistics of group gates, one entry per gate (`[n]`, cells `[n, 4]` in the order of
+    `circuits.gates.CELLS`: both on, A only, B only, neither)."""
+
+    cell_tokens: torch.Tensor
+    cell_sum: torch.Tensor  # f's summed activation per cell
+    cell_active: torch.Tensor  # tokens per cell where f is active
+    contribution: torch.Tensor  # summed cross terms between the groups on f's active tokens
+    act_sum: torch.Tensor  # f's summed activation (over its active tokens)
+    n_active: torch.Tensor  # tokens where f is active
+
+    def scores(self, min_cell: int) -> dict[str, torch.Tensor]:
+        """`and_data`, `contribution_share`, `coactivation`, `gate_score` and cell means."""
+        counts = self.cell_tokens
+        means = torch.where(counts > 0, self.cell_sum / counts.clamp_min(1), torch.full_like(counts, float("nan")))
+        m11, rest = means[..., 0], means[..., 1:]
+        best_other = torch.nan_to_num(rest, nan=float("-inf")).amax(-1)
+        known = (counts[..., 0] > 0) & (m11 > 0) & torch.isfinite(best_other)
+        nan = torch.full_like(m11, float("nan"))
+        and_data = torch.where(known, (m11 - best_other) / m11, nan)
+        share = torch.where(self.act_sum != 0, self.contribution / self.act_sum, nan)
+        coactivation = torch.where(self.n_active > 0, self.cell_active[..., 0] / self.n_active.clamp_min(1), nan)
+        usable = ((self.cell_active[..., 0] >= min_cell) & (counts[..., 0] >= min_cell) & (counts[..., 1] >= min_cell)
+                  & (counts[..., 2] >= min_cell) & torch.isfinite(and_data))
+        score = torch.where(usable, share * and_data.clamp(0, 1), nan)
+        return {"and_data": and_data, "contribution_share": share, "coactivation": coactivation, "gate_score": score,
+                "cell_mean": means, "cell_active_share": torch.where(counts > 0, self.cell_active / counts.clamp_min(1),
+                                                                     torch.full_like(counts, float("nan")))}
+
+
+def pair_slots(m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The member pairs `(i, j)`, `i < j`, of a set of `m` slots, in a fixed order: `[m(m-1)/2]` each."""
+    return tuple(torch.triu_indices(m, m, offset=1))
+
+
+def splits(m: int) -> torch.Tensor:
+    """Every split of `m` slots into two non-empty sides, as the bit mask of side A (slot
+    m-1 is always on side B, so each split appears once): `[2^(m-1) - 1]` int64."""
+    return torch.arange(1, 2 ** (m - 1), dtype=torch.long)
+
+
+class ReadSetStats:
+    """Streamed code histograms and member-pair contributions of reading sets (see the
+    module docstring), and the best split of each."""
+
+    def __init__(self, outputs: torch.Tensor, members: torch.Tensor, cross: torch.Tensor, n_in: int,
+                 token_chunk: int = 2048):
+        """`outputs [S]`: the output feature of each set; `members [S, M]`: its inputs (-1 pads
+        a set with fewer than M); `cross [S, M(M-1)/2]`: `2 Qt[i, j]` of each member pair
+        (`pair_slots` order; zero where a slot is padding)."""
+        S, M = members.shape
+        if M > MAX_MEMBERS:
+            raise ValueError(f"reading sets of {M} members: at most {MAX_MEMBERS}")
+        self.outputs, self.cross, self.M, self.n_in = outputs, cross.double(), M, n_in
+        self.members = torch.where(members >= 0, members, n_in)  # padding reads a zero column
+        self.i, self.j = pair_slots(M)
+        self.token_chunk = token_chunk
+        zeros = dict(dtype=torch.float64, device=members.device)
+        self.count = torch.zeros(S, 2 ** M, **zeros)  # tokens per code
+        self.sum = torch.zeros(S, 2 ** M, **zeros)  # f's activation per code
+        self.active = torch.zeros(S, 2 ** M, **zeros)  # tokens per code where f is active
+        self.contribution = torch.zeros(S, len(self.i), **zeros)  # per member pair, on f's active tokens
+
+    @torch.no_grad()
+    def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor) -> None:
+        """Add tokens: input latents `z [t, n_in]`, per-token factor `scale [t]`, output
+        activations `acts [t, n_out]`."""
+        S = self.members.shape[0]
+        powers = 2 ** torch.arange(self.M, device=z.device)
+        base = torch.arange(S, device=z.device) * 2 ** self.M
+        for start in range(0, z.shape[0], self.token_chunk):
+            zc = z[start : start + self.token_chunk].double()
+            padded = torch.cat([zc, zc.new_zeros(len(zc), 1)], 1)
+            # codes from on/off bits in 16-bit integers: [t, S, M] of them is the largest tensor here
+            bits = (padded != 0)[:, self.members].to(torch.int16)
+            codes = (bits * powers.to(torch.int16)).sum(-1, dtype=torch.int64) + base  # [t, S]
+            act = acts[start : start + self.token_chunk][:, self.outputs].double()  # [t, S]
+            size = S * 2 ** self.M
+            flat = codes.reshape(-1)
+            self.count.view(-1).add_(torch.bincount(flat, minlength=size).double())
+            self.sum.view(-1).add_(torch.bincount(flat, weights=act.reshape(-1), minlength=size))
+            self.active.view(-1).add_(torch.bincount(flat, weights=(act != 0).double().reshape(-1), minlength=size))
+            token, s = (act != 0).nonzero(as_tuple=True)
+            if token.numel():
+                v = padded[token[:, None], self.members[s]]  # [p, M]
+                terms = self.cross[s] * v[:, self.i] * v[:, self.j] * scale[start : start + self.token_chunk][token, None].double()
+                self.contribution.index_add_(0, s, terms)
+
+    def coactive(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per set, tokens where each member is active `[S, M]`, where each member pair is
+        `[S, P]`, and the tokens seen `[S]`, all read off the code histogram."""
+        codes = torch.arange(2 ** self.M, device=self.count.device)
+        bit = ((codes[:, None] >> torch.arange(self.M, device=codes.device)) & 1).double()  # [2^M, M]
+        single = self.count @ bit
+        pairs = self.count @ (bit[:, self.i] * bit[:, self.j])
+        return single, pairs, self.count.sum(-1)
+
+    def best_splits(self, min_cell: int) -> tuple[torch.Tensor, torch.Tensor, GroupResult]:
+        """The best groups of every set: its side A and side B as bit masks of its slots `[S]`
+        each, and their statistics. Every split of the set into two sides is scored (by
+        `gate_score`; by contribution share where none is usable); then members whose
+        leaving does not lower the score are left out, one at a time (an eigenvector also
+        reads, weakly, inputs that only interfere: a member stays only if it helps)."""
+        masks = splits(self.M).to(self.count.device)
+        full = 2 ** self.M - 1
+        S = self.count.shape[0]
+        result = self._evaluate(masks[None, :], (full ^ masks)[None, :])  # the same splits for every set
+        key = self._key(result, min_cell)
+        best = key.argmax(-1)
+        rows = torch.arange(S, device=best.device)
+        side_a, side_b, current = masks[best], full ^ masks[best], key[rows, best]
+        bits = 2 ** torch.arange(self.M, device=best.device)
+        for _ in range(self.M):
+            a = side_a[:, None] & ~bits  # [S, M]: each member left out of side A (or B)
+            b = side_b[:, None] & ~bits
+            trial = self._key(self._evaluate(a, b), min_cell)
+            trial = torch.where((a != 0) & (b != 0) & ((side_a | side_b)[:, None] & bits != 0), trial,
+                                torch.full_like(trial, float("-inf")))
+            score, leave = trial.max(-1)
+            better = score >= current - 1e-12  # a member stays only if the gate is worse without it
+            if not better.any():
+                break
+            side_a = torch.where(better, a[rows, leave], side_a)
+            side_b = torch.where(better, b[rows, leave], side_b)
+            current = torch.where(better, score, current)
+        chosen = self._evaluate(side_a[:, None], side_b[:, None])
+        return side_a, side_b, GroupResult(*(t[:, 0] for t in (chosen.cell_tokens, chosen.cell_sum, chosen.cell_active,
+                                                                 chosen.contribution, chosen.act_sum, chosen.n_active)))
+
+    def _evaluate(self, side_a: torch.Tensor, side_b: torch.Tensor) -> GroupResult:
+        """Statistics `[S, K]` of the gates between sides A and B, bit masks `[S, K]` of each
+        set's slots, or `[1, K]` for the same K gates in every set (then nothing of size
+        `S * K * 2^M` is built)."""
+        codes = torch.arange(2 ** self.M, device=side_a.device)
+        on_a = (codes & side_a[..., None]) != 0  # [S or 1, K, 2^M]
+        on_b = (codes & side_b[..., None]) != 0
+        slots = torch.arange(self.M, device=side_a.device)
+        in_a, in_b = (side_a[..., None] >> slots) & 1 == 1, (side_b[..., None] >> slots) & 1 == 1  # [S or 1, K, M]
+        cut = ((in_a[..., self.i] & in_b[..., self.j]) | (in_b[..., self.i] & in_a[..., self.j])).double()
+        cells = [on_a & on_b, on_a & ~on_b, ~on_a & on_b, ~on_a & ~on_b]
+        def apply(mask: torch.Tensor, stat: torch.Tensor) -> torch.Tensor:  # [S or 1, K, C], [S, C] -> [S, K]
+            if mask.shape[0] == 1:  # the same gates for every set: one product, nothing of size S * K * C
+                return stat @ mask[0].double().T
+            return torch.einsum("skc,sc->sk", mask.double(), stat)
+
+        per_cell = lambda stat: torch.stack([apply(c, stat) for c in cells], -1)  # noqa: E731
+        K = side_a.shape[1]
+        return GroupResult(per_cell(self.count), per_cell(self.sum), per_cell(self.active),
+                           apply(cut, self.contribution),
+                           self.sum.sum(-1, keepdim=True).expand(-1, K), self.active.sum(-1, keepdim=True).expand(-1, K))
+
+    @staticmethod
+    def _key(result: GroupResult, min_cell: int) -> torch.Tensor:
+        """What the search maximises: usable gates by gate_score, ahead of every unusable one
+        (those by contribution share)."""
+        scores = result.scores(min_cell)
+        return torch.where(torch.isfinite(scores["gate_score"]), scores["gate_score"] + 2.0,
+                           torch.nan_to_num(scores["contribution_share"], nan=-1e9).clamp(-1e9, 1.0))
+
+
+class GroupStats:
+    """Streamed statistics of group gates between given groups of any size (see the module
+    docstring)."""
+
+    def __init__(self, outputs: torch.Tensor, group_a: torch.Tensor, group_b: torch.Tensor, membership: torch.Tensor,
+                 basis: torch.Tensor, W_gate: torch.Tensor, W_in: torch.Tensor, weights: torch.Tensor):
+        """`outputs, group_a, group_b [C]`: each gate's output and groups (columns of
+        `membership [n_in, G]`, bool); `basis [d, n_in + 1]` the input basis
+        (`circuits.sae_basis.input_basis`); `weights [n_out, h]` = `directions @ W_out.T`."""
+        self.outputs, self.group_a, self.group_b = outputs, group_a, group_b
+        self.membership = membership.double()
+        self.members = [column.nonzero()[:, 0] for column in membership.T]
+        n_in = membership.shape[0]
+        self.Pg = basis[:, :n_in].T.double() @ W_gate.double()  # [n_in, h]: what each input sends through W_gate
+        self.Pi = basis[:, :n_in].T.double() @ W_in.double()
+        self.weights = weights.double()
+        self.pairs = sorted({(int(a), int(b)) for a, b in zip(group_a.tolist(), group_b.tolist())})
+        C = len(outputs)
+        zeros = dict(dtype=torch.float64, device=outputs.device)
+        self.cell_tokens, self.cell_sum, self.cell_active = (torch.zeros(C, 4, **zeros) for _ in range(3))
+        self.contribution, self.act_sum, self.n_active = (torch.zeros(C, **zeros) for _ in range(3))
+
+    @torch.no_grad()
+    def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor) -> None:
+        z, scale = z.double(), scale.double()
+        on = ((z != 0).double() @ self.membership) > 0  # [t, G]
+        act = acts[:, self.outputs].double()  # [t, C]
+        cell = 2 * (~on[:, self.group_a]).long() + (~on[:, self.group_b]).long()  # [t, C]
+        C = len(self.outputs)
+        flat = (torch.arange(C, device=z.device) * 4 + cell).reshape(-1)
+        self.cell_tokens.view(-1).add_(torch.bincount(flat, minlength=4 * C).double())
+        self.cell_sum.view(-1).add_(torch.bincount(flat, weights=act.reshape(-1), minlength=4 * C))
+        self.cell_active.view(-1).add_(torch.bincount(flat, weights=(act != 0).double().reshape(-1), minlength=4 * C))
+        self.act_sum += act.sum(0)
+        self.n_active += (act != 0).double().sum(0)
+        weighted = (act != 0).double() * scale[:, None]  # [t, C]
+        for a, b in self.pairs:
+            gates = ((self.group_a == a) & (self.group_b == b)).nonzero()[:, 0]
+            ia, ib = self.members[a], self.members[b]
+            za, zb = z[:, ia], z[:, ib]  # only the members' columns: their products are what counts
+            cross = (za @ self.Pg[ia]) * (zb @ self.Pi[ib]) + (zb @ self.Pg[ib]) * (za @ self.Pi[ia])  # [t, h]
+            summed = weighted[:, gates].T @ cross  # [c, h]: over each gate's active tokens
+            self.contribution[gates] += (summed * self.weights[self.outputs[gates]]).sum(-1)
+
+    def result(self) -> GroupResult:
+        return GroupResult(self.cell_tokens, self.cell_sum, self.cell_active, self.contribution, self.act_sum,
+                           self.n_active)

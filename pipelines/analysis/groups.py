@@ -1,0 +1,165 @@
+"""Group gates of one layer: form the groups, measure them on held-out tokens, and write
+them as the `group_gates` and `group_truth` rows (see `pipelines.analysis.verdicts` for the
+rules and `circuits.groups` for the statistics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from circuits.gates import CELLS, pair_coefficients
+from circuits.groups import GroupResult, GroupStats, ReadSetStats, pair_slots
+from circuits.layer import LayerBatch
+from circuits.sae_basis import input_basis
+from circuits.weights import MLPWeights, SAEWeights
+from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, label_groups, rank_groups,
+                                         reading_sets, split_pairs)
+
+
+def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, input_site: str, layer: int,
+                 eigen: pd.DataFrame, eigen_inputs: pd.DataFrame, interactions: pd.DataFrame | None,
+                 facts: InputFacts, batches: Callable[[], Iterable[LayerBatch]], cfg: VerdictConfig
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`group_gates` and `group_truth` rows of one layer (columns as in `pipelines.schemas`)."""
+    device = mlp.W_gate.device
+    mlp, sae_in = mlp.to(torch.float64, device), sae_in.to(torch.float64, device)
+    directions = directions.to(device, torch.float64)
+    basis = input_basis(sae_in.W_dec, sae_in.b_dec, mlp.g if input_site == "resid_mid" else None)
+    n_in = basis.shape[1] - 1
+    sets = reading_sets(eigen, eigen_inputs, cfg) if "eigen" in cfg.groups else _no_sets()
+    groups = label_groups(facts) if "labels" in cfg.groups else {}
+    labelled = label_candidates(groups, sets, interactions, cfg) if groups else pd.DataFrame()
+    read_stats = _read_set_stats(mlp, basis, directions, sets, cfg.max_members, n_in) if len(sets) else None
+    names = sorted(groups)
+    group_stats = None
+    if len(labelled):
+        membership = torch.zeros(n_in, len(names), dtype=torch.bool, device=device)
+        for g, name in enumerate(names):
+            membership[groups[name], g] = True
+        index = {name: g for g, name in enumerate(names)}
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        group_stats = GroupStats(as_tensor(labelled["out_feature"].tolist()),
+                                 as_tensor([index[n] for n in labelled["label_a"]]),
+                                 as_tensor([index[n] for n in labelled["label_b"]]), membership, basis,
+                                 mlp.W_gate, mlp.W_in, directions @ mlp.W_out.T)
+    if read_stats is not None or group_stats is not None:
+        for batch in tqdm(batches(), desc=f"layer {layer} groups", unit="batch"):
+            for stats in (read_stats, group_stats):
+                if stats is not None:
+                    stats.update(batch.z.to(device), batch.scale.to(device), batch.acts.to(device))
+    frames = []
+    if read_stats is not None:
+        frames.append(_eigen_frame(read_stats, sets, basis, facts, cfg))
+    if group_stats is not None:
+        frames.append(_gate_frame(group_stats.result(), cfg, source="labels", out_feature=labelled["out_feature"],
+                                  eigen_rank=pd.NA, members_a=[groups[n] for n in labelled["label_a"]],
+                                  members_b=[groups[n] for n in labelled["label_b"]], label_a=labelled["label_a"],
+                                  label_b=labelled["label_b"], split_share=np.nan, split_pair=False))
+    if not frames:
+        return pd.DataFrame(columns=_GATE_COLUMNS), pd.DataFrame(columns=_TRUTH_COLUMNS)
+    gates = pd.concat(frames, ignore_index=True)
+    gates = _with_group_ids(gates)
+    gates["circuit_rank"] = rank_groups(gates)
+    truth = gates.explode("cells")[["out_feature", "group_a", "group_b", "cells"]]
+    truth = pd.concat([truth.drop(columns="cells").reset_index(drop=True),
+                       pd.DataFrame(truth["cells"].tolist(), columns=["cell", "n_tokens", "mean_activation",
+                                                                      "active_share"])], axis=1)
+    return gates.drop(columns="cells").assign(layer=layer), truth.assign(layer=layer)
+
+
+_GATE_COLUMNS = ["layer", "out_feature", "group_a", "group_b", "source", "eigen_rank", "label_a", "label_b",
+                 "members_a", "members_b", "n_active", "coactivation", "contribution_share", "and_data", "n_both",
+                 "n_a_only", "n_b_only", "gate_score", "split_share", "split_pair", "circuit_rank"]
+_TRUTH_COLUMNS = ["layer", "out_feature", "group_a", "group_b", "cell", "n_tokens", "mean_activation", "active_share"]
+
+
+def _no_sets() -> pd.DataFrame:
+    return pd.DataFrame(columns=["out_feature", "eigen_rank", "members"])
+
+
+def _read_set_stats(mlp: MLPWeights, basis, directions, sets: pd.DataFrame, width: int, n_in: int) -> ReadSetStats:
+    device = basis.device
+    members = torch.full((len(sets), width), -1, dtype=torch.long, device=device)
+    for row, m in enumerate(sets["members"]):
+        members[row, : len(m)] = torch.tensor(m, device=device)
+    outputs = torch.tensor(sets["out_feature"].tolist(), dtype=torch.long, device=device)
+    i, j = pair_slots(width)
+    valid = (members[:, i] >= 0) & (members[:, j] >= 0)
+    out = outputs[:, None].expand_as(valid)
+    safe = members.clamp_min(0)
+    cross = 2 * pair_coefficients(mlp.W_gate, mlp.W_in, mlp.W_out, basis, directions, out.reshape(-1),
+                                  safe[:, i].reshape(-1), safe[:, j].reshape(-1)).view(valid.shape)
+    return ReadSetStats(outputs, members, torch.where(valid, cross, torch.zeros_like(cross)), n_in)
+
+
+def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
+    """The best split of each reading set, with the share of its cross terms that split
+    member pairs carry."""
+    masks_a, masks_b, result = stats.best_splits(cfg.min_cell)
+    width = stats.M
+    i, j = pair_slots(width)
+    single, both, total = stats.coactive()
+    lift = both * total[:, None] / (single[:, i] * single[:, j])
+    units = basis[:, :-1] / basis[:, :-1].norm(dim=0).clamp_min(1e-30)
+    members_a, members_b, shares = [], [], []
+    for row, (members, mask_a, mask_b) in enumerate(zip(sets["members"], masks_a.tolist(), masks_b.tolist())):
+        side_a = [m for slot, m in enumerate(members) if mask_a >> slot & 1]
+        side_b = [m for slot, m in enumerate(members) if mask_b >> slot & 1]
+        members_a.append(side_a)
+        members_b.append(side_b)
+        slots = [(p, int(i[p]), int(j[p])) for p in range(len(i)) if int(j[p]) < len(members)]
+        across = [(p, members[s], members[t]) for p, s, t in slots
+                  if (mask_a >> s & 1 and mask_b >> t & 1) or (mask_b >> s & 1 and mask_a >> t & 1)]
+        if not across:
+            shares.append(np.nan)
+            continue
+        p, a, b = (np.array(v) for v in zip(*across))
+        cosine = (units[:, a] * units[:, b]).sum(0).cpu().numpy()
+        split = split_pairs(facts.same_top_token(a, b), cosine, lift[row, p].cpu().numpy(), cfg)
+        contribution = stats.contribution[row, p].cpu().numpy()
+        total_cross = contribution.sum()
+        shares.append(float(contribution[split].sum() / total_cross) if total_cross > 0 else np.nan)
+    shares = np.array(shares, dtype=float)
+    return _gate_frame(result, cfg, source="eigen", out_feature=sets["out_feature"], eigen_rank=sets["eigen_rank"],
+                       members_a=members_a, members_b=members_b,
+                       label_a=[facts.group_label(m) for m in members_a],
+                       label_b=[facts.group_label(m) for m in members_b],
+                       split_share=shares, split_pair=np.nan_to_num(shares, nan=0.0) >= 0.5)
+
+
+def _gate_frame(result: GroupResult, cfg: VerdictConfig, **columns) -> pd.DataFrame:
+    scores = result.scores(cfg.min_cell)
+    np_ = lambda t: t.detach().cpu().numpy()  # noqa: E731
+    counts = np_(result.cell_tokens)
+    frame = pd.DataFrame({
+        **{k: (list(v) if isinstance(v, (list, pd.Series)) else v) for k, v in columns.items()},
+        "n_active": np_(result.n_active).astype(np.int64),
+        "coactivation": np_(scores["coactivation"]), "contribution_share": np_(scores["contribution_share"]),
+        "and_data": np_(scores["and_data"]), "gate_score": np_(scores["gate_score"]),
+        "n_both": counts[:, 0].astype(np.int64), "n_a_only": counts[:, 1].astype(np.int64),
+        "n_b_only": counts[:, 2].astype(np.int64),
+    })
+    means, shares = np_(scores["cell_mean"]), np_(scores["cell_active_share"])
+    frame["cells"] = [[(name, int(counts[r, c]), float(means[r, c]), float(shares[r, c])) for c, name in enumerate(CELLS)]
+                      for r in range(len(frame))]
+    return frame
+
+
+def _with_group_ids(gates: pd.DataFrame) -> pd.DataFrame:
+    """Ids for the layer's distinct groups, in order of first appearance (label groups, then
+    the reading sets' sides by output)."""
+    ids: dict[tuple[int, ...], int] = {}
+    for column in ("members_a", "members_b"):
+        gates[column] = [[int(m) for m in members] for members in gates[column]]
+    order = gates.sort_values(["source", "out_feature"], key=lambda s: s.map({"labels": 0, "eigen": 1})
+                              if s.name == "source" else s, kind="stable")
+    for a, b in zip(order["members_a"], order["members_b"]):
+        for members in (a, b):
+            ids.setdefault(tuple(members), len(ids))
+    gates["group_a"] = [ids[tuple(m)] for m in gates["members_a"]]
+    gates["group_b"] = [ids[tuple(m)] for m in gates["members_b"]]
+    return gates
