@@ -1,9 +1,10 @@
 """The `bilinear-circuits` command line: a thin layer over `pipelines.stages`.
 
-Options come from the config dataclasses (`pipelines.options`). Arguments are checked, and
-the model's config read, before anything heavy loads, so usage errors come at once. Every
-command holds the run directory's lock while it works, and reports errors, a busy run or
-Ctrl-C as one line (exit 2, or 130 for an interruption) instead of a traceback.
+Options come from the job configs (`pipelines.jobs`) and the runtime (`pipelines.runtime`)
+through `pipelines.options`. Arguments are checked, and the model's config read, before
+anything heavy loads, so usage errors come at once. Every command holds the run directory's
+lock while it works, and reports errors, a busy run or Ctrl-C as one line (exit 2, or 130
+for an interruption) instead of a traceback; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -11,41 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from pipelines.options import add_config, config_from
 
 DEFAULT_RUN = Path("results/demo")
-# benchmarks/bench_threads.py on this 2-core machine: idle, 2 torch threads ran each stage
-# 1.5-1.8x faster than 1; beside one busy process, 1 thread ran 1.6-3x faster than 2 (every
-# thread waits on the slowest at each operation). So by default a command takes the cores
-# that are not busy when it starts.
-DEFAULT_THREADS = 0
-
-
-def auto_threads(sample_s: float = 0.3) -> int:
-    """Cores not busy with other work now: the core count minus the cores the other
-    processes kept busy over a short sample of /proc/stat (the load average lags by a
-    minute: a finished job would still count). Elsewhere, the load average."""
-    cores = os.cpu_count() or 1
-
-    def ticks() -> tuple[int, int] | None:
-        try:
-            values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle and iowait
-        return sum(values) - idle, sum(values)
-
-    before = ticks()
-    if before is None:
-        busy = os.getloadavg()[0]
-    else:
-        time.sleep(sample_s)
-        after = ticks()
-        busy = cores * (after[0] - before[0]) / max(1, after[1] - before[1])
-    return max(1, min(cores, cores - round(busy)))
 
 
 def _offline() -> None:
@@ -58,13 +29,36 @@ def _offline() -> None:
 # ------------------------------------------------------------------ shared options
 
 
-def _common(p: argparse.ArgumentParser, device: bool = True) -> None:
+def _common(p: argparse.ArgumentParser, device: bool = True, ray: bool = False) -> None:
+    """--out, --debug and the runtime's options (--threads, --device, and --ray/--workers
+    for the stages that fan out)."""
+    from pipelines.runtime import Runtime
+
     p.add_argument("--out", type=Path, default=DEFAULT_RUN,
                    help="run directory (default: %(default)s); see results/README.md for its layout")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help="torch CPU threads (default: 0, the cores not busy with other work when the command starts)")
-    if device:
-        p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
+    only = ("threads", "device") if device else ("threads",)
+    add_config(p, Runtime, only=only + (("workers",) if ray else ()))
+    if ray:
+        p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                       help="run the stage's tasks on Ray: without ADDRESS on a Ray runtime started here (or the "
+                            "cluster RAY_ADDRESS names), with one on that cluster (needs `pip install "
+                            "'bilinear-circuits[ray]'`; the run directory must be on storage every worker shares)")
+
+
+def _runtime(args: argparse.Namespace):
+    """The command's runtime from its options, with the threads and device decided."""
+    from pipelines.runtime import Runtime
+
+    runtime = config_from(args, Runtime)
+    ray = getattr(args, "ray", None)
+    if ray is not None:
+        from pipelines.engine.cluster import import_ray
+
+        import_ray()  # no Ray: say so before any work
+        if ray == "local" and os.environ.get("RAY_ADDRESS"):
+            ray = os.environ["RAY_ADDRESS"]
+    return runtime.replace(ray=ray).resolved()
 
 
 def _corpus_options(p: argparse.ArgumentParser) -> None:
@@ -76,34 +70,12 @@ def _corpus_options(p: argparse.ArgumentParser) -> None:
     add_config(p, CorpusConfig)
 
 
-def _model_options(p: argparse.ArgumentParser, layers: str = "all") -> None:
-    _common(p)
+def _model_options(p: argparse.ArgumentParser, ray: bool = False) -> None:
+    _common(p, ray=ray)
     _corpus_options(p)
     p.add_argument("--model", type=Path, default=None, help="model folder in our format (default: OUT/lm)")
-    p.add_argument("--layers", default=layers, help="'all' or a comma list such as 0,2 (default: %(default)s)")
-
-
-def _sae_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sae-in", type=Path, default=None,
-                   help="input-side SAE folder (sae-lens or the paper authors' format, on resid_mid or mlp_in), with --layer")
-    p.add_argument("--sae-out", type=Path, default=None, help="output-side (mlp_out) SAE folder, with --layer")
+    p.add_argument("--layers", default="all", help="'all' or a comma list such as 0,2 (default: %(default)s)")
     p.add_argument("--layer", dest="layers", default=argparse.SUPPRESS, help="one layer (same as --layers L)")
-    p.add_argument("--input-site", choices=["resid_mid", "mlp_in"], default="resid_mid",
-                   help="which of the run's input SAEs to use (default: %(default)s)")
-    p.add_argument("--allow-hookless-saes", action="store_true",
-                   help="accept SAEs that record no hook, taking them to read the given layer and site")
-
-
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name != "cpu" and not name.startswith("cuda"):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, not {name!r}")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA device is available here")
-    return name
 
 
 def _layers(text: str, n_layers: int) -> list[int]:
@@ -119,33 +91,24 @@ def _layers(text: str, n_layers: int) -> list[int]:
     return layers
 
 
-def _sae_paths(args: argparse.Namespace, layers: list[int]) -> dict[int, tuple[Path, Path | None]] | None:
-    """Explicit (input, output) SAE folders for the single chosen layer, if given."""
-    if not (args.sae_in or args.sae_out):
-        return None
-    if not args.sae_in or len(layers) != 1:
-        raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
-    return {layers[0]: (args.sae_in, args.sae_out)}
-
-
 class _Context:
-    """What the analysis commands share: run, model, corpus, layers, device."""
+    """What the analysis commands share: run, model, corpus, layers, runtime."""
 
     def __init__(self, args: argparse.Namespace):
         from pipelines.engine.paths import RunPaths
-        from pipelines.stages import ModelInputs
+        from pipelines.inputs import ModelInputs
 
         self.args = args
         self.run = RunPaths(args.out)
-        self.device = _device(args.device)
+        self.runtime = _runtime(args)
         self.model_dir = Path(args.model or self.run.lm)
-        self.inputs = ModelInputs(self.model_dir, self.device)
+        self.inputs = ModelInputs(self.model_dir, self.runtime.device)
         self.layers = _layers(args.layers, self.inputs.config.n_layers)
 
     def corpus(self):
         """(source, CorpusConfig): the given corpus, else the one the model was trained on."""
         from pipelines.data.corpus import CorpusConfig
-        from pipelines.stages import trained_corpus
+        from pipelines.inputs import trained_corpus
 
         recorded = trained_corpus(self.model_dir)
         if self.args.corpus is not None:
@@ -157,11 +120,14 @@ class _Context:
             return str(self.run.corpus), config_from(self.args, CorpusConfig, _builtin_labels(self.run.corpus))
         raise FileNotFoundError(f"no corpus known for {self.model_dir}: pass --corpus PATH")
 
-    def tokens(self):
+    def work(self):
+        """The stages' inputs: this run, the model and the corpus's token store."""
+        from pipelines.inputs import StageInputs
         from pipelines.stages import ensure_tokens
 
         source, cfg = self.corpus()
-        return ensure_tokens(self.run, source, self.inputs.tokenizer, self.inputs.config.n_ctx, cfg)
+        store = ensure_tokens(self.run, source, self.inputs.tokenizer, self.inputs.config.n_ctx, cfg)
+        return StageInputs(self.run, self.inputs, store)
 
 
 def _builtin_labels(folder: Path):
@@ -190,21 +156,22 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     from pipelines.data.stories import StoryConfig
     from pipelines.data.tokenizer import TokenizerConfig
     from pipelines.engine.paths import RunPaths
+    from pipelines.jobs import LMJob
     from pipelines.lm.model import PRESETS, ModelConfig
     from pipelines.lm.training import LMTrainConfig
     from pipelines.stages import ensure_corpus, ensure_lm
 
     run = RunPaths(args.out)
     model_cfg = config_from(args, ModelConfig, PRESETS[args.preset])
-    train_cfg = config_from(args, LMTrainConfig)
-    tok_cfg = config_from(args, TokenizerConfig)
-    device = _device(args.device)
+    runtime = _runtime(args)
     if args.corpus is None:
         source = str(ensure_corpus(run, StoryConfig()) if not run.corpus.is_dir() else run.corpus)
         corpus_cfg = config_from(args, CorpusConfig, _builtin_labels(run.corpus))
     else:
         source, corpus_cfg = args.corpus, config_from(args, CorpusConfig)
-    summary = ensure_lm(run, source, corpus_cfg, model_cfg, tok_cfg, train_cfg, device, args.force)
+    job = LMJob(corpus=corpus_cfg, model=model_cfg, tokenizer=config_from(args, TokenizerConfig),
+                train=config_from(args, LMTrainConfig))
+    summary = ensure_lm(run, source=source, job=job, runtime=runtime, force=args.force)
     print(f"model: {run.lm} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model})")
     print(f"held-out loss {summary['held_out_loss']:.3f} nats, {summary['bits_per_byte']:.3f} bits per byte; "
           f"unigram entropy {summary['unigram_entropy']:.3f} nats; {summary['tokens_per_s']:,.0f} tokens/s")
@@ -222,62 +189,66 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 
 def cmd_train_saes(args: argparse.Namespace) -> None:
+    from pipelines.jobs import SAEJob
+    from pipelines.options import job_from
     from pipelines.stages import ensure_saes
-    from sae.config import SAETrainConfig
 
-    cfg = config_from(args, SAETrainConfig)
-    sites = [s.strip() for s in args.sites.split(",") if s.strip()]
+    job = job_from(args, SAEJob)
     ctx = _Context(args)
-    if len(set(sites)) != len(sites):
-        raise ValueError(f"--sites names a site twice: {args.sites}")
-    metrics = ensure_saes(ctx.run, ctx.inputs, ctx.tokens(), ctx.layers, sites, cfg, ctx.device)
+    metrics = ensure_saes(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
     cols = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
     print(metrics[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"SAEs in {ctx.run.saes}; metrics in {ctx.run.tables / 'sae_metrics'}")
 
 
-def _outputs(text: str) -> tuple[str, ...]:
-    specs = tuple(s.strip() for s in text.split(",") if s.strip())
-    if not specs:
-        raise ValueError("--outputs names no output")
-    return specs
-
-
 def cmd_circuits(args: argparse.Namespace) -> None:
-    from circuits.layer import CircuitConfig
+    from pipelines.jobs import CircuitsJob
+    from pipelines.options import job_from
     from pipelines.stages import ensure_circuits
 
-    cfg = config_from(args, CircuitConfig)
-    if args.corr_rows < 1:
-        raise ValueError(f"--corr-rows must be at least 1, got {args.corr_rows}")
-    outputs = _outputs(args.outputs)
+    job = job_from(args, CircuitsJob)
     ctx = _Context(args)
-    done = ensure_circuits(ctx.run, ctx.inputs, ctx.tokens(), ctx.layers, cfg, args.corr_rows,
-                           _sae_paths(args, ctx.layers), args.input_site, outputs, args.output_basis,
-                           args.allow_hookless_saes)
+    job.explicit(ctx.layers)  # a usage error before any work
+    done = ensure_circuits(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
     print(f"circuit tables for layers {ctx.layers} in {ctx.run.tables} "
           f"(computed now: {', '.join(done) if done else 'none, all up to date'})")
 
 
 def cmd_features(args: argparse.Namespace) -> None:
-    from pipelines.analysis.features import FeatureConfig
+    from pipelines.jobs import FeaturesJob
+    from pipelines.options import job_from
     from pipelines.stages import ensure_features
 
-    cfg = config_from(args, FeatureConfig)
-    sites = [s.strip() for s in args.sites.split(",") if s.strip()]
+    job = job_from(args, FeaturesJob)
     ctx = _Context(args)
-    df = ensure_features(ctx.run, ctx.inputs, ctx.tokens(), ctx.layers, sites, cfg, _sae_paths(args, ctx.layers),
-                         args.allow_hookless_saes)
+    job.explicit(ctx.layers)
+    df = ensure_features(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
     print(f"{len(df)} features described in {ctx.run.tables / 'features'}")
 
 
+def cmd_verdicts(args: argparse.Namespace) -> None:
+    from pipelines.demo import print_summary
+    from pipelines.jobs import VerdictsJob
+    from pipelines.options import job_from
+    from pipelines.stages import ensure_verdicts
+
+    job = job_from(args, VerdictsJob)
+    ctx = _Context(args)
+    job.explicit(ctx.layers)
+    verdicts = ensure_verdicts(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
+    print_summary(verdicts, args.show)
+    print(f"verdicts of layers {ctx.layers} in {ctx.run.tables / 'gate_verdicts'}")
+
+
 def cmd_report(args: argparse.Namespace) -> None:
+    from pipelines.jobs import SAEChoice, VerdictsJob
     from pipelines.report.page import ReportConfig, write_report
 
     cfg = config_from(args, ReportConfig)
+    choice = config_from(args, SAEChoice)
     ctx = _Context(args)
-    path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, ctx.tokens(), _sae_paths(args, ctx.layers),
-                        args.input_site)
+    path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, sae_paths=choice.explicit(ctx.layers),
+                        input_site=config_from(args, VerdictsJob).input_site)
     print(f"report: {path}")
 
 
@@ -306,21 +277,20 @@ def cmd_demo(args: argparse.Namespace) -> None:
         cfg = DemoConfig.small() if args.small else DemoConfig()
     if args.seed is not None:
         cfg = cfg.with_seed(args.seed)
-    run_demo(RunPaths(args.out), cfg, _device(args.device))
+    run_demo(RunPaths(args.out), cfg, _runtime(args))
 
 
 # ------------------------------------------------------------------ the parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from circuits.layer import CircuitConfig
-    from pipelines.analysis.features import FeatureConfig
     from pipelines.data.stories import StoryConfig
     from pipelines.data.tokenizer import TokenizerConfig
+    from pipelines.jobs import CircuitsJob, FeaturesJob, SAEJob, SAEChoice, VerdictsJob
     from pipelines.lm.model import PRESETS, ModelConfig
     from pipelines.lm.training import LMTrainConfig
+    from pipelines.options import add_job
     from pipelines.report.page import ReportConfig
-    from sae.config import SAETrainConfig
 
     parser = argparse.ArgumentParser(
         prog="bilinear-circuits",
@@ -357,8 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="folder to write our checkpoint to")
     p.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json to use when the source folder has none")
     p.add_argument("--force", action="store_true", help="write over an existing model in --out")
-    p.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                   help="torch CPU threads (default: 0, the cores not busy when the command starts)")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     p.add_argument("--attention-scale", choices=["config", "on", "off"], default="config",
                    help="whether the attention output is scaled by 1/sqrt(2 n_layer): as the config's scale_attn "
                         "says (default), or state it for a config without that field")
@@ -368,48 +337,46 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train one TopK SAE per chosen layer and site into OUT/saes/layer{l}_{site}/ "
                                    "(sae-lens's format) from one stream of activations, and write "
                                    "OUT/tables/sae_metrics/. Reuses an SAE only for the same model, corpus and "
-                                   "recipe; an interrupted run resumes from its last checkpoint.")
-    _model_options(p)
-    p.add_argument("--sites", default="resid_mid,mlp_out",
-                   help="comma list of resid_mid, mlp_in, mlp_out (default: %(default)s)")
-    add_config(p, SAETrainConfig)
+                                   "recipe; an interrupted run resumes from its last checkpoint (with --ray, for "
+                                   "the same --workers).")
+    _model_options(p, ray=True)
+    add_job(p, SAEJob)
     p.set_defaults(func=cmd_train_saes)
 
     p = sub.add_parser("circuits", help="interaction, gate, eigen and low-rank tables per layer",
                        description="Project each layer's bilinear MLP into its SAEs' bases and write the "
-                                   "interactions, gates, gate_truth, gate_ablation, eigen, eigen_inputs and "
-                                   "lowrank tables under OUT/tables/. Layers already done from the same "
+                                   "interactions, gates, gate_truth, eigen, eigen_inputs, lowrank and "
+                                   "lowrank_samples tables under OUT/tables/. Layers already done from the same "
                                    "inputs are kept.")
-    _model_options(p)
-    _sae_options(p)
-    p.add_argument("--outputs", default="sae",
-                   help="comma list of output directions: sae (the output SAE's features), hosvd, "
-                        "logit:GOOD-BAD or logit:WORD (unembedding directions), file:PATH (.npy/.safetensors) "
-                        "(default: %(default)s)")
-    p.add_argument("--output-basis", choices=["encoder", "decoder"], default="encoder",
-                   help="read SAE outputs by their encoder rows (exact pre-activations) or decoder rows "
-                        "(default: %(default)s)")
-    p.add_argument("--corr-rows", type=int, default=1024,
-                   help="held-out rows for correlations and gate statistics (default: %(default)s)")
-    add_config(p, CircuitConfig)
+    _model_options(p, ray=True)
+    add_job(p, CircuitsJob)
     p.set_defaults(func=cmd_circuits)
 
     p = sub.add_parser("features", help="describe SAE features (contexts, tokens, logits, labels)",
                        description="Write OUT/tables/features/ and feature_labels/: frequency, contexts from "
                                    "distinct documents and several quantiles, token-feature flags, boosted "
                                    "tokens and, with labels, the share of activation per label class.")
-    _model_options(p)
-    _sae_options(p)
-    p.add_argument("--sites", default="resid_mid,mlp_in,mlp_out",
-                   help="comma list of the run's SAE sites to describe, where they exist (default: %(default)s)")
-    add_config(p, FeatureConfig, rename={"n_rows": "rows"})
+    _model_options(p, ray=True)
+    add_job(p, FeaturesJob, rename={"n_rows": "rows"})
     p.set_defaults(func=cmd_features)
+
+    p = sub.add_parser("verdicts", help="rank circuits, find group gates, ablate and judge them",
+                       description="After `circuits` and `features`: flag split pairs and rank each layer's circuit "
+                                   "candidates (circuit_rank), form groups of inputs (what an eigenvector reads; "
+                                   "label classes) and measure their gates on held-out tokens, ablate the best "
+                                   "candidates in the model, and write gate_ablation, group_gates, group_truth, "
+                                   "group_ablation and gate_verdicts under OUT/tables/.")
+    _model_options(p, ray=True)
+    add_job(p, VerdictsJob)
+    p.add_argument("--show", type=int, default=8, help="candidates per layer and kind printed (default: %(default)s)")
+    p.set_defaults(func=cmd_verdicts)
 
     p = sub.add_parser("report", help="write the one-page HTML report of a run",
                        description="Write OUT/report/index.html with PNG figures from the run's tables, the "
                                    "model and its SAEs (or the explicit ones the tables were computed with).")
     _model_options(p)
-    _sae_options(p)
+    add_config(p, SAEChoice)
+    add_config(p, VerdictsJob, only=("input_site",))
     add_config(p, ReportConfig)
     p.set_defaults(func=cmd_report)
 
@@ -423,10 +390,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explore)
 
     p = sub.add_parser("demo", help="run every stage on the built-in corpus",
-                       description="Corpus, tokenizer, LM, SAEs, circuits, features, report and explorer under "
-                                   "OUT (default results/demo/); finished stages are kept. Ends with each layer's "
-                                   "best AND-gate candidates and their verdicts.")
-    _common(p)
+                       description="Corpus, tokenizer, LM, SAEs, circuits, features, verdicts, report and explorer "
+                                   "under OUT (default results/demo/); finished stages are kept. Ends with each "
+                                   "layer's best circuit candidates, pairs and group gates, and their verdicts.")
+    _common(p, ray=True)
     p.add_argument("--small", action="store_true", help="a minutes-long miniature (for tests)")
     p.add_argument("--seed", type=int, default=None, help="one seed for every stage (default: the config's)")
     p.add_argument("--config", type=Path, default=None, help="a demo_config.json to run with")
@@ -440,17 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit:  # argparse has printed its usage message
         return int(exit.code or 0)
+    from pipelines.engine.cluster import TaskFailed
     from pipelines.engine.lock import RunBusyError, run_lock
 
     try:
-        import torch
-
-        threads = getattr(args, "threads", 0)
-        if not threads:
-            threads = auto_threads()
-            # the thread count changes torch's CPU sums in the last bits: say it, to repeat a run
-            print(f"{threads} torch thread(s): the cores not busy now (--threads N to fix)", file=sys.stderr)
-        torch.set_num_threads(threads)
         if args.command == "convert":
             args.func(args)
         else:
@@ -460,10 +420,15 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted: finished work and the last checkpoint are kept; run the same command again to "
               "continue", file=sys.stderr)
         return 130
-    except (FileNotFoundError, ValueError, PermissionError, RunBusyError, NotADirectoryError, FileExistsError) as err:
+    except (FileNotFoundError, ValueError, PermissionError, RunBusyError, NotADirectoryError, FileExistsError,
+            TaskFailed) as err:
+        if args.debug:
+            raise
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
+        if args.debug:
+            raise
         print(f"error: {err.strerror or err} ({err.filename or ''})", file=sys.stderr)
         return 2
     return 0

@@ -1,5 +1,5 @@
-"""The demo: every stage on the built-in corpus, ending with each layer's best gate
-candidates, checked on data, and the negation AND-gates among them."""
+"""The demo: every stage on the built-in corpus, ending with each layer's best circuit
+candidates, pairs and group gates, checked on data, and the negation gates among them."""
 
 from __future__ import annotations
 
@@ -11,22 +11,23 @@ import pandas as pd
 from circuits.config import Config, option
 from circuits.layer import CircuitConfig
 from pipelines.analysis.features import FeatureConfig
-from pipelines.analysis.verdicts import best_candidates, circuit_part, gate_verdicts, negation_candidates
-from pipelines.data.corpus import LEXICON_FILE, CorpusConfig
+from pipelines.analysis.verdicts import VerdictConfig
+from pipelines.data.corpus import LEXICON_FILE
 from pipelines.data.stories import StoryConfig
-from pipelines.data.tokenizer import TokenizerConfig
 from pipelines.engine.files import write_json
 from pipelines.engine.paths import RunPaths
-from pipelines.engine.tables import read_table
 from pipelines.explorer.site import write_explorer
-from pipelines.lm.model import PRESETS, ModelConfig
+from pipelines.inputs import ModelInputs, StageInputs
+from pipelines.jobs import CircuitsJob, FeaturesJob, LMJob, SAEJob, VerdictsJob
+from pipelines.lm.model import PRESETS
 from pipelines.lm.training import LMTrainConfig
 from pipelines.report.page import ReportConfig, write_report
-from pipelines.stages import (ModelInputs, ensure_ablations, ensure_circuits, ensure_corpus, ensure_features, ensure_lm,
-                              ensure_saes, ensure_tokens)
+from pipelines.runtime import Runtime
+from pipelines.stages import (ensure_circuits, ensure_corpus, ensure_features, ensure_lm, ensure_saes, ensure_tokens,
+                              ensure_verdicts)
 from sae.config import SAETrainConfig
 
-SITES = ["resid_mid", "mlp_out"]
+SITES = ("resid_mid", "mlp_out")
 
 
 @dataclass(frozen=True)
@@ -34,90 +35,122 @@ class DemoConfig(Config):
     """Every setting of the demo, written to `<run>/demo_config.json`."""
 
     stories: StoryConfig = option(doc="the built-in corpus", factory=lambda: StoryConfig(n_stories=40000))
-    model: ModelConfig = option(doc="the LM's shape", factory=lambda: PRESETS["demo"])
-    tokenizer: TokenizerConfig = option(doc="tokenizer training", factory=TokenizerConfig)
-    lm: LMTrainConfig = option(doc="LM training", factory=lambda: LMTrainConfig(train_tokens=2_000_000))
+    lm: LMJob = option(doc="the tokenizer and LM", factory=lambda: LMJob(
+        model=PRESETS["demo"], train=LMTrainConfig(train_tokens=2_000_000)))
     # k 16 rather than the paper's share (8 of 512): with k 8 the input SAEs merge "not" with
     # the context's valence into conjunction features, hiding the AND the MLP computes.
-    sae: SAETrainConfig = option(doc="each SAE", factory=lambda: SAETrainConfig(k=16, train_tokens=1_000_000))
-    circuits: CircuitConfig = option(doc="circuit tables", factory=CircuitConfig)
-    corr_rows: int = option(1024, "held-out rows for correlations, gate statistics and truth tables", low=1)
-    features: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
+    saes: SAEJob = option(doc="the SAEs", factory=lambda: SAEJob(
+        sites=SITES, sae=SAETrainConfig(k=16, train_tokens=1_000_000)))
+    circuits: CircuitsJob = option(doc="circuit tables", factory=CircuitsJob)
+    features: FeaturesJob = option(doc="feature descriptions", factory=lambda: FeaturesJob(sites=SITES))
+    verdicts: VerdictsJob = option(doc="group gates, ablations and verdicts", factory=VerdictsJob)
     report: ReportConfig = option(doc="the HTML report", factory=ReportConfig)
-    n_candidates: int = option(8, "best data-ranked gate candidates per layer printed and checked", low=1)
+    n_candidates: int = option(8, "best circuit candidates per layer printed, pairs and groups each (at most the "
+                                  "verdicts' n_ablate: every one printed is ablated)", low=1)
     explorer: bool = option(True, "write the interactive explorer too")
+
+    def check(self) -> None:
+        if self.n_candidates > self.verdicts.verdicts.n_ablate:
+            raise ValueError(f"DemoConfig.n_candidates={self.n_candidates} exceeds verdicts.n_ablate="
+                             f"{self.verdicts.verdicts.n_ablate}: the demo would print candidates never ablated")
 
     @classmethod
     def small(cls) -> "DemoConfig":
         """A miniature for the test suite: same stages, a minute or two."""
         return cls(
             stories=StoryConfig(n_stories=2000),
-            model=PRESETS["tiny"],
-            lm=LMTrainConfig(train_tokens=60_000, batch_size=16, eval_every=20, checkpoint_every=50),
-            sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192, eval_rows=8),
-            circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5, n_ablate=2),
-            corr_rows=64,
-            features=FeatureConfig(n_rows=64),
-            n_candidates=4,
+            lm=LMJob(model=PRESETS["tiny"],
+                     train=LMTrainConfig(train_tokens=60_000, batch_size=16, eval_every=20, checkpoint_every=50)),
+            saes=SAEJob(sites=SITES, sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192,
+                                                        eval_rows=8)),
+            circuits=CircuitsJob(corr_rows=64, circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5)),
+            features=FeaturesJob(sites=SITES, features=FeatureConfig(n_rows=64)),
+            verdicts=VerdictsJob(verdicts=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64)),
+            n_candidates=2,
         )
 
     def with_seed(self, seed: int) -> "DemoConfig":
-        """The same demo with one seed for the corpus, the LM, the SAEs and the descriptions."""
-        return self.replace(stories=self.stories.replace(seed=seed), lm=self.lm.replace(seed=seed),
-                            sae=self.sae.replace(seed=seed))
+        """The same demo with one seed for every random choice of every stage."""
+        return self.replace(
+            stories=self.stories.replace(seed=seed),
+            lm=self.lm.replace(corpus=self.lm.corpus.replace(split_seed=seed), model=self.lm.model.replace(seed=seed),
+                               train=self.lm.train.replace(seed=seed)),
+            saes=self.saes.replace(sae=self.saes.sae.replace(seed=seed)),
+            circuits=self.circuits.replace(circuits=self.circuits.circuits.replace(seed=seed)),
+            features=self.features.replace(features=self.features.features.replace(seed=seed)),
+            verdicts=self.verdicts.replace(verdicts=self.verdicts.verdicts.replace(seed=seed)))
 
 
-def run_demo(run: RunPaths, cfg: DemoConfig, device: str = "cpu") -> None:
-    """Run every stage into `run`, keeping those already done, and print the gates found."""
+def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
+    """Run every stage into `run`, keeping those already done, and print the circuits found."""
     start = time.perf_counter()
     run.root.mkdir(parents=True, exist_ok=True)
     write_json(run.root / "demo_config.json", cfg.to_json())
     corpus = ensure_corpus(run, cfg.stories)
-    corpus_cfg = CorpusConfig(lexicon=str(corpus / LEXICON_FILE))
-    summary = ensure_lm(run, str(corpus), corpus_cfg, cfg.model, cfg.tokenizer, cfg.lm, device)
+    lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(corpus / LEXICON_FILE)))
+    summary = ensure_lm(run, source=str(corpus), job=lm_job, runtime=runtime)
     print(f"LM: held-out loss {summary['held_out_loss']:.3f} nats ({summary['bits_per_byte']:.3f} bits per byte; "
           f"unigram entropy {summary['unigram_entropy']:.3f}); valence after a negation right "
           f"{summary.get('negated_accuracy', float('nan')):.1%}, plain {summary.get('plain_accuracy', float('nan')):.1%}")
-    inputs = ModelInputs(run.lm, device)
-    store = ensure_tokens(run, str(corpus), inputs.tokenizer, inputs.config.n_ctx, corpus_cfg)
-    layers_all = list(range(inputs.config.n_layers))
-    metrics = ensure_saes(run, inputs, store, layers_all, SITES, cfg.sae, device)
+    lm = ModelInputs(run.lm, runtime.device)
+    work = StageInputs(run, lm, ensure_tokens(run, str(corpus), lm.tokenizer, lm.config.n_ctx, lm_job.corpus))
+    layers = list(range(lm.config.n_layers))
+    metrics = ensure_saes(work, job=cfg.saes, layers=layers, runtime=runtime)
     print(metrics[["layer", "site", "nmse", "l0", "dead_fraction", "loss_added"]]
           .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    ensure_circuits(run, inputs, store, layers_all, cfg.circuits, cfg.corr_rows)
-    ensure_features(run, inputs, store, layers_all, SITES, cfg.features, seed=cfg.stories.seed)
-
-    read = lambda name: circuit_part(read_table(run.tables, name))  # noqa: E731
-    gates, features, labels = read("gates"), read("features"), read("feature_labels")
-    general = best_candidates(gates, cfg.n_candidates)
-    negation = negation_candidates(gates, labels)
-    ablation = ensure_ablations(run, inputs, store, pd.concat([general, negation]), cfg.corr_rows)
-    print(f"\nBest gate candidates per layer, ranked by gate_score (contribution to the output's activation on "
-          f"held-out tokens times and_data) ({time.perf_counter() - start:.0f} s so far):")
-    for g in gate_verdicts(general, ablation, features, labels).itertuples(index=False):
-        _print_candidate(g)
-    found = gate_verdicts(negation, ablation, features, labels)
-    print("\nNegation gates (a negation input, a one-context input, an output boosting the other context's words), "
-          "each layer's best by gate_score:")
-    for g in found.itertuples(index=False):
-        _print_candidate(g)
-    layers = sorted(found.loc[found["truth_and"], "layer"].tolist()) if len(found) else []
-    confirmed = sorted(found.loc[found["is_and"], "layer"].tolist()) if len(found) else []
-    print(f"\nnegation gates whose truth table says AND in layers {layers}; confirmed by ablations in layers "
-          f"{confirmed}.")
+    ensure_circuits(work, job=cfg.circuits, layers=layers, runtime=runtime)
+    ensure_features(work, job=cfg.features, layers=layers, runtime=runtime)
+    verdicts = ensure_verdicts(work, job=cfg.verdicts, layers=layers, runtime=runtime)
+    print_summary(verdicts, cfg.n_candidates, time.perf_counter() - start)
     if cfg.explorer:
         write_explorer(run)
-    report = write_report(run, cfg.report, inputs, layers_all, store)
+    report = write_report(run, cfg.report, lm, layers, input_site=cfg.verdicts.input_site)
     print(f"report: {report}")
 
 
+def print_summary(verdicts: pd.DataFrame, n: int, seconds: float | None = None) -> None:
+    """Each layer's best circuit candidates of each kind, then the negation gates."""
+    when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
+    for kind, title in (("pair", "input pairs"), ("group", "group gates")):
+        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (gate_score: contribution to the "
+              f"output's activation on held-out tokens times and_data; split pairs last){when}:")
+        for g in top(verdicts, kind, n).itertuples(index=False):
+            _print_candidate(g)
+    if verdicts["negation_gate"].isna().all():
+        return
+    negation = verdicts[verdicts["negation_gate"].fillna(False).astype(bool)]
+    best = negation.sort_values("circuit_rank").groupby(["layer", "kind"]).head(1).sort_values(["kind", "layer"])
+    print("\nNegation gates (a negation side, a one-context side, an output boosting the other context's words), "
+          "each layer's best of each kind:")
+    for g in best.itertuples(index=False):
+        _print_candidate(g)
+    for kind in ("pair", "group"):
+        mine = best[best["kind"] == kind]
+        print(f"negation gates ({kind}s): truth table says AND in layers {sorted(mine.loc[mine['truth_and'], 'layer'])}; "
+              f"confirmed by ablations in layers {sorted(mine.loc[mine['is_and'], 'layer'])}.")
+
+
+def top(verdicts: pd.DataFrame, kind: str, n: int) -> pd.DataFrame:
+    """Each layer's `n` best candidates of one kind by circuit_rank."""
+    mine = verdicts[verdicts["kind"] == kind].sort_values(["layer", "circuit_rank"])
+    return mine.groupby("layer").head(n)
+
+
 def _print_candidate(g) -> None:
-    print(f"  layer {g.layer}, data rank {g.layer_rank}: out {g.out_feature} <- ({g.in_a}, {g.in_b}): gate_score "
-          f"{g.gate_score:.3f} (contribution {g.contribution_share:.1%}, both inputs on {g.coactivation:.0%} of its "
-          f"tokens, and_data {g.and_data:.2f}), weights and_score {g.and_score:.3f}")
+    label = lambda x: x if isinstance(x, str) else "unlabelled"  # noqa: E731
+    sides = (f"({int(g.in_a)}, {int(g.in_b)})" if g.kind == "pair"
+             else f"groups {[int(m) for m in g.members_a]} ({label(g.label_a)}) x {[int(m) for m in g.members_b]} "
+                  f"({label(g.label_b)})")
+    split = ", a split pair" if g.split_pair else ""
+    print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: gate_score "
+          f"{g.gate_score:.3f} (contribution {g.contribution_share:.1%}, both on {g.coactivation:.0%} of its tokens, "
+          f"and_data {g.and_data:.2f}{split})")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
-                      if pd.notna(getattr(g, "drop_" + k, float("nan"))))
+                      if pd.notna(getattr(g, "drop_" + k)))
     print(f"      verdict: {g.verdict}{'; ' + drops if drops else ''}")
+    if pd.notna(g.share_a):
+        print(f"      the output's quadratic form there: a {g.share_a:.0%}, b {g.share_b:.0%}, other inputs "
+              f"{g.share_other:.0%}, b_dec {g.share_bias:.0%}, SAE error {g.share_error:.0%}")
     print(f"      out {g.out_feature}: {g.out_description}")
-    print(f"      in {g.in_a}: {g.a_description}")
-    print(f"      in {g.in_b}: {g.b_description}")
+    print(f"      a: {g.a_description[:160]}")
+    print(f"      b: {g.b_description[:160]}")

@@ -1,17 +1,17 @@
 """The stages of a run. Each reuses its outputs exactly when their stamp matches.
 
-The command line and the demo call these. A stage computes the digests of its inputs (model
-weights, corpus or token content, SAE files) and its config's recipe into a `Stamp`
-(`pipelines.engine.stamps`); outputs whose stamp equals it are reused, others are
-recomputed, and the stamp is written only once the new outputs are complete. The trained
-model is the one output that is never replaced silently: a run directory holds one model,
-and replacing it needs `force`.
+The command line and the demo call these, each with the stage's job config
+(`pipelines.jobs`) and an explicit `Runtime` (threads, device, Ray). A stage computes the
+digests of its inputs (model weights, corpus or token content, SAE files, the tables it
+reads) and its job's recipe into a `Stamp` (`pipelines.engine.stamps`); outputs whose stamp
+equals it are reused, others are recomputed, and the stamp is written only once the new
+outputs are complete. The analysis stages split their work into tasks (SAE groups, layers)
+that `pipelines.engine.tasks` runs here or on Ray. The trained model is the one output that
+is never replaced silently: a run directory holds one model, and replacing it needs `force`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -19,50 +19,46 @@ import pandas as pd
 import torch
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
-from circuits.layer import CircuitConfig, LayerBatch, analyse_layer
-from pipelines.analysis.ablation import gate_ablations
-from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA, boosted_token_ids, feature_tables
-from pipelines.analysis.outputs import parse_outputs
-from pipelines.analysis.verdicts import best_candidates
-from circuits.sae_basis import token_scale
-from circuits.tables import SCHEMAS
+from circuits.layer import analyse_layer
 from circuits.weights import from_hooked_transformer
+from pipelines import schemas
+from pipelines.analysis.features import boosted_token_ids, feature_tables
+from pipelines.analysis.judge import CIRCUIT_READS, judge_layer
+from pipelines.analysis.outputs import parse_outputs
+from pipelines.analysis.verdicts import InputFacts, has_negation_labels
 from pipelines.data.corpus import CorpusConfig, corpus_digest, iter_documents, write_story_corpus
 from pipelines.data.stories import StoryConfig
-from pipelines.data.tokenizer import TOKENIZER_FILE, TokenizerConfig, load_tokenizer, train_tokenizer
+from pipelines.data.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
 from pipelines.data.tokens import (TokenRows, TokenStore, bits_per_byte, build_token_store, held_out_mask,
                                    open_token_store, unigram_entropy)
 from pipelines.engine import stamps
-from pipelines.engine.files import (atomic_dir, atomic_file, clean_temporaries, digest, read_json, remove, text_digest,
-                                    write_json)
+from pipelines.engine.files import atomic_dir, atomic_file, clean_temporaries, digest, read_json, remove, text_digest
+from pipelines.engine.files import write_json
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.stamps import Stamp
-from pipelines.engine.tables import has_table, provenance, read_table, table_path, write_table
+from pipelines.engine.tables import has_table, table_path
+from pipelines.engine.tasks import Task, run_tasks
+from pipelines.inputs import (CORPUS_FILE, LayerSAEs, StageInputs, feature_saes, layer_batches, layer_saes,
+                              portable)
+from pipelines.jobs import CircuitsJob, FeaturesJob, LMJob, SAEJob, VerdictsJob
 from pipelines.lm.behaviour import lexicon_accuracy
-from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
-from pipelines.lm.training import STATE_FILE, LMTrainConfig, held_out_loss, train_lm
-from sae.activations import iter_activations
+from pipelines.lm.training import STATE_FILE, held_out_loss, train_lm
+from pipelines.runtime import Runtime
 from sae.config import SAETrainConfig
-from sae.io import LoadedSAE, check_sae_point, load_sae, read_metrics, write_sae_extras
+from sae.io import read_metrics, write_sae_extras
 from sae.metrics import evaluate_sae
-from sae.sites import INPUT_SITES, SITES, Point, hook_name, point_name
+from sae.sites import SITES, Point, hook_name, point_name
 from sae.topk import save_sae_lens
 from sae.train import inference_weights, train_saes
 
 STAMP = ".stamp.json"  # hidden: a folder's content digest leaves it out
 WORK_STAMP = ".work.json"  # stamp of an unfinished training run in the same folder
-CORPUS_FILE = "corpus.json"  # in lm/: the corpus the model was trained on, for later stages' defaults
 SUMMARY_FILE = "summary.json"  # in lm/: held-out loss, bits per byte, behaviour
-SAE_CHECKPOINT_STAMP = ".checkpoint.json"
-# written into the stamps of the stages: outputs of an older format are recomputed (3: BOS and
-# each row's first token are left out of SAE training, statistics and descriptions)
-TABLE_FORMAT = 3
-ABLATION_ROWS = 256  # held-out rows searched for tokens where a candidate's inputs are both active
-METRICS_TABLE = "sae_metrics"
-SAE_METRICS_SCHEMA_COLUMNS = ["layer", "site", "hook", "d_in", "d_sae", "k", "train_tokens", "eval_tokens", "nmse",
-                              "l0", "dead_fraction", "loss_clean", "loss_patched", "loss_added"]
+# written into the stamps of the stages: outputs of an older format are recomputed (4: every
+# SAE seeded by its point, not its place in the list; gate ablations by the verdicts stage)
+TABLE_FORMAT = 4
+SAE_PART = "sae"  # the output set whose features get data statistics, truth tables and verdicts
 
 
 class ModelReplacementError(ValueError):
@@ -97,30 +93,32 @@ def ensure_tokens(run: RunPaths, source: str, tok: Tokenizer, n_ctx: int, cfg: C
     return store
 
 
-def tokens_digest(rows: TokenRows) -> str:
+def _tokens_digest(rows: TokenRows) -> str:
     """Digest of the token ids of a split (what an LM or SAE trained on)."""
     return digest(rows.tokens.filename)
+
+
+def _held_out_digest(store: TokenStore) -> str:
+    """Digest of the held-out tokens and their labels (what descriptions are computed from)."""
+    files = sorted(store.folder.glob("held_out.*.bin"))
+    return text_digest([digest(f) for f in files], store.classes, store.lexicon_tokens)
 
 
 # ------------------------------------------------------------------ the language model
 
 
-def _lm_stamp(source: str, corpus_cfg: CorpusConfig, model_cfg: ModelConfig, tok_cfg: TokenizerConfig,
-              train_cfg: LMTrainConfig) -> Stamp:
-    split = {"text_column": corpus_cfg.text_column, "held_out": corpus_cfg.held_out, "split_seed": corpus_cfg.split_seed}
-    return Stamp("train-lm", {"corpus": corpus_digest(source)},
-                 {"model": model_cfg.recipe(), "tokenizer": tok_cfg.recipe(), "train": train_cfg.recipe(), "split": split})
-
-
-def ensure_lm(run: RunPaths, source: str, corpus_cfg: CorpusConfig, model_cfg: ModelConfig, tok_cfg: TokenizerConfig,
-              train_cfg: LMTrainConfig, device: str = "cpu", force: bool = False) -> dict:
+def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force: bool = False) -> dict:
     """Train the run's tokenizer and LM unless `lm/` holds them for exactly these inputs.
 
     A finished model of other inputs (or a converted one) is replaced only with `force`.
     An unfinished run of the same inputs resumes from its checkpoint; one of other inputs
     is discarded. Returns the model's summary (`lm/summary.json`).
     """
-    stamp = _lm_stamp(source, corpus_cfg, model_cfg, tok_cfg, train_cfg)
+    split = {"text_column": job.corpus.text_column, "held_out": job.corpus.held_out,
+             "split_seed": job.corpus.split_seed}
+    stamp = Stamp("train-lm", {"corpus": corpus_digest(source)},
+                  {"model": job.model.recipe(), "tokenizer": job.tokenizer.recipe(), "train": job.train.recipe(),
+                   "split": split})
     lm = run.lm
     if stamps.is_current(lm / STAMP, stamp) and (lm / SUMMARY_FILE).is_file():
         return read_json(lm / SUMMARY_FILE)
@@ -137,29 +135,30 @@ def ensure_lm(run: RunPaths, source: str, corpus_cfg: CorpusConfig, model_cfg: M
             remove(lm)
     lm.mkdir(parents=True, exist_ok=True)
     stamps.finish(lm / WORK_STAMP, stamp)
-    if (lm / TOKENIZER_FILE).is_file():
-        tok = load_tokenizer(lm)
-    else:
-        tok = train_tokenizer(_tokenizer_texts(source, corpus_cfg, tok_cfg.train_docs), tok_cfg)
-        tok.save(str(lm / TOKENIZER_FILE))
-    store = ensure_tokens(run, source, tok, model_cfg.n_ctx, corpus_cfg)
-    model_cfg = model_cfg.replace(d_vocab=tok.get_vocab_size())
-    model, log = train_lm(model_cfg, store.train, store.held_out, train_cfg, lm, device)
-    summary = summarise_lm(model, store, log, train_cfg)
-    write_json(lm / "train_config.json", train_cfg.to_json())
+    with runtime.torch_threads():
+        if (lm / TOKENIZER_FILE).is_file():
+            tok = load_tokenizer(lm)
+        else:
+            tok = train_tokenizer(_tokenizer_texts(source, job.corpus, job.tokenizer.train_docs), job.tokenizer)
+            tok.save(str(lm / TOKENIZER_FILE))
+        store = ensure_tokens(run, source, tok, job.model.n_ctx, job.corpus)
+        model_cfg = job.model.replace(d_vocab=tok.get_vocab_size())
+        model, log = train_lm(model_cfg, store.train, store.held_out, job.train, lm, runtime.device)
+        summary = _summarise_lm(model, store, log, job)
+    write_json(lm / "train_config.json", job.train.to_json())
     write_json(lm / SUMMARY_FILE, summary)
     np.save(lm / "token_counts.npy", store.token_counts())
-    recorded = corpus_cfg.replace(lexicon=_portable(corpus_cfg.lexicon, lm)) if corpus_cfg.lexicon else corpus_cfg
-    write_json(lm / CORPUS_FILE, {"source": _portable(source, lm), "config": recorded.to_json()})
+    corpus = job.corpus.replace(lexicon=portable(job.corpus.lexicon, lm)) if job.corpus.lexicon else job.corpus
+    write_json(lm / CORPUS_FILE, {"source": portable(source, lm), "config": corpus.to_json()})
     (lm / STATE_FILE).unlink(missing_ok=True)
     stamps.begin(lm / WORK_STAMP)
     stamps.finish(lm / STAMP, stamp)
     return summary
 
 
-def summarise_lm(model: HookedTransformer, store: TokenStore, log: pd.DataFrame, cfg: LMTrainConfig) -> dict:
+def _summarise_lm(model, store: TokenStore, log: pd.DataFrame, job: LMJob) -> dict:
     """Held-out loss in nats and bits per byte, the unigram entropy, speed and behaviour."""
-    loss = held_out_loss(model, store.held_out, min(len(store.held_out), 256), cfg.batch_size, cfg.autocast)
+    loss = held_out_loss(model, store.held_out, min(len(store.held_out), 256), job.train.batch_size, job.train.autocast)
     summary = {
         "held_out_loss": loss,
         "bits_per_byte": bits_per_byte(loss, store.bytes_per_token()),
@@ -191,132 +190,81 @@ def _tokenizer_texts(source: str, cfg: CorpusConfig, limit: int):
                     return
 
 
-RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run
-
-
-def _portable(source: str, lm: Path) -> str:
-    """A path as recorded next to the model: relative to the run when it lies in it."""
-    path = Path(source)
-    if source.startswith("hf:") or not path.exists():
-        return source
-    try:
-        return RUN_RELATIVE + str(path.resolve().relative_to(lm.resolve().parent))
-    except ValueError:
-        return str(path.resolve())
-
-
-def _resolved(recorded: str, model_dir: Path) -> str:
-    if recorded.startswith(RUN_RELATIVE):
-        return str(Path(model_dir).parent / recorded[len(RUN_RELATIVE):])
-    return recorded
-
-
-def trained_corpus(model_dir: Path) -> tuple[str, CorpusConfig] | None:
-    """The corpus a model of this run was trained on, with its settings, if recorded."""
-    data = read_json(Path(model_dir) / CORPUS_FILE)
-    if data is None:
-        return None
-    cfg = CorpusConfig.from_json(data["config"])
-    if cfg.lexicon:
-        cfg = cfg.replace(lexicon=_resolved(cfg.lexicon, model_dir))
-    return _resolved(data["source"], model_dir), cfg
-
-
-# ------------------------------------------------------------------ the inputs of the analysis stages
-
-
-@dataclass
-class ModelInputs:
-    """A model folder, loaded lazily, with its tokenizer and digest."""
-
-    folder: Path
-    device: str = "cpu"
-    config: ModelConfig = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.folder = Path(self.folder)
-        self.config = load_config(self.folder)  # cheap: usage errors come before any loading
-
-    @cached_property
-    def model(self) -> HookedTransformer:
-        model, _ = load_model(self.folder, self.device)
-        return model
-
-    @cached_property
-    def tokenizer(self) -> Tokenizer:
-        return load_tokenizer(self.folder)
-
-    @cached_property
-    def digest(self) -> str:
-        return model_digest(self.folder)
-
-    @cached_property
-    def token_counts(self) -> np.ndarray | None:
-        """How often each token occurred in training (None for a foreign model)."""
-        path = self.folder / "token_counts.npy"
-        return np.load(path) if path.is_file() else None
-
-    @cached_property
-    def untrained(self) -> np.ndarray:
-        """Token ids the model never saw in training (or, for a foreign model, none known)."""
-        if self.token_counts is None:
-            return np.zeros(0, dtype=np.int64)
-        return np.nonzero(self.token_counts == 0)[0]
-
-
 # ------------------------------------------------------------------ SAEs
 
 
-def ensure_saes(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], sites: list[str],
-                cfg: SAETrainConfig, device: str = "cpu") -> pd.DataFrame:
-    """Train every (layer, site) SAE whose folder is not current; returns all their metrics."""
-    if len(set(sites)) != len(sites):
-        raise ValueError(f"--sites names a site twice: {','.join(sites)}")
-    unknown = [s for s in sites if s not in SITES]
-    if unknown:
-        raise ValueError(f"unknown site {unknown[0]!r}; choose from {', '.join(SITES)}")
-    cfg = cfg.resolve(inputs.config.d_model)
+def ensure_saes(work: StageInputs, *, job: SAEJob, layers: list[int], runtime: Runtime) -> pd.DataFrame:
+    """Train every (layer, site) SAE whose folder is not current; returns all their metrics.
+
+    The points still to train are split into groups (one per Ray worker; one here), each
+    trained from one stream of the model with a checkpoint of its own.
+    """
+    run = work.run
+    cfg = job.sae.resolve(work.lm.config.d_model)
     clean_temporaries(run.root)
-    points = [(layer, site) for layer in layers for site in sites]
-    model_inputs = {"model": inputs.digest, "tokens": tokens_digest(store.train)}
-
-    def stamp(point: Point) -> Stamp:
-        return Stamp("train-saes", model_inputs, {"format": TABLE_FORMAT, "recipe": cfg.recipe(), "point": list(point)})
-
+    points = [(layer, site) for layer in layers for site in job.sites]
     todo = []
     for point in points:
+        stamp = _sae_stamp(work, cfg, point)
         folder = run.sae(*point)
-        if stamps.is_current(folder / STAMP, stamp(point)):
+        if stamps.is_current(folder / STAMP, stamp):
             continue
-        changed = stamps.changes(folder / STAMP, stamp(point))
+        changed = stamps.changes(folder / STAMP, stamp)
         if changed:
             print(f"retraining {point_name(point)}: its {', '.join(changed)} changed")
         todo.append(point)
-    if todo:
-        _train_points(run, inputs, store, todo, cfg, device, stamp)
+    n_groups = min(len(todo), runtime.workers if runtime.ray else 1)
+    groups = [todo[i::n_groups] for i in range(n_groups)] if todo else []
+    current = {_checkpoint_name(work, cfg, group) for group in groups}
+    for stale in run.saes.glob("checkpoint-*.pt") if run.saes.is_dir() else []:  # of another grouping or recipe
+        if stale.stem.removeprefix("checkpoint-") not in current:
+            print(f"discarding {stale.name}: it resumes SAEs grouped or trained otherwise than now")
+            stale.unlink()
+    gpus = 1.0 if runtime.device.startswith("cuda") else 0.0
+    tasks = [Task("SAEs " + ", ".join(point_name(p) for p in group), (cfg, group), gpus) for group in groups]
+    run_tasks(runtime, _train_points, work, tasks, "train-saes")
     for layer in sorted({p[0] for p in points}):
         _write_metrics_table(run, layer)
     return pd.DataFrame([read_metrics(run.sae(*p)) for p in points])
 
 
-def _train_points(run, inputs: ModelInputs, store: TokenStore, todo: list[Point], cfg: SAETrainConfig, device: str,
-                  stamp) -> None:
-    job = Stamp("train-saes", {point_name(p): text_digest(stamp(p).to_json()) for p in todo}, {})
+def _sae_stamp(work: StageInputs, cfg: SAETrainConfig, point: Point) -> Stamp:
+    return Stamp("train-saes", {"model": work.lm.digest, "tokens": _tokens_digest(work.store.train)},
+                 {"format": TABLE_FORMAT, "recipe": cfg.recipe(), "point": list(point)})
+
+
+def _group_stamp(work: StageInputs, cfg: SAETrainConfig, points: list[Point]) -> Stamp:
+    """What one group's checkpoint resumes: these points, each with its own stamp."""
+    return Stamp("train-saes", {point_name(p): text_digest(_sae_stamp(work, cfg, p).to_json()) for p in points}, {})
+
+
+def _checkpoint_name(work: StageInputs, cfg: SAETrainConfig, points: list[Point]) -> str:
+    return text_digest(_group_stamp(work, cfg, points).to_json())[:12]
+
+
+def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point]]) -> None:
+    """Train one group of SAEs from one stream, resuming its own checkpoint if it has one."""
+    cfg, todo = unit
+    run, device = work.run, work.lm.device
+    job = _group_stamp(work, cfg, todo)
+    name = _checkpoint_name(work, cfg, todo)
+    checkpoint, marker = run.saes / f"checkpoint-{name}.pt", run.saes / f".checkpoint-{name}.json"
     resume = None
-    if stamps.is_current(run.saes / SAE_CHECKPOINT_STAMP, job) and run.sae_checkpoint.is_file():
-        resume = torch.load(run.sae_checkpoint, weights_only=False, map_location=device)
+    if stamps.is_current(marker, job) and checkpoint.is_file():
+        resume = torch.load(checkpoint, weights_only=False, map_location=device)
         print(f"resuming SAE training at step {resume['step']} of {cfg.train_steps}")
     else:
-        run.sae_checkpoint.unlink(missing_ok=True)
-        stamps.finish(run.saes / SAE_CHECKPOINT_STAMP, job)
+        checkpoint.unlink(missing_ok=True)
+        stamps.finish(marker, job)
 
     def save_checkpoint(state: dict) -> None:
-        with atomic_file(run.sae_checkpoint) as tmp:
+        with atomic_file(checkpoint) as tmp:
             torch.save(state, tmp)
 
-    model = inputs.model
-    trainers = train_saes(model, store.train, todo, cfg, device, save_checkpoint, resume)
-    eval_rows = store.held_out.head(cfg.eval_rows)
+    model = work.lm.model
+    trainers = train_saes(model, work.store.train, todo, cfg, device, save_checkpoint, resume,
+                          on_step=lambda: work.report(cfg.batch_size * len(todo)))
+    eval_rows = work.store.held_out.head(cfg.eval_rows)
     tokens = eval_rows.batch(slice(None))
     keep = eval_rows.keep(tokens)
     for point, trainer in tqdm(trainers.items(), desc="evaluate SAEs", unit="SAE"):
@@ -327,145 +275,85 @@ def _train_points(run, inputs: ModelInputs, store: TokenStore, todo: list[Point]
                "d_sae": weights.d_sae, "k": cfg.k, "train_tokens": cfg.used_tokens, **metrics.to_json()}
         with atomic_dir(run.sae(*point)) as tmp:
             save_sae_lens(trainer.sae, tmp, {"hook_name": hook_name(layer, site), "model_name": "bilinear-lm",
-                                             "context_size": inputs.config.n_ctx, "prepend_bos": True})
+                                             "context_size": work.lm.config.n_ctx, "prepend_bos": True})
             write_sae_extras(tmp, cfg.to_json(), row, trainer.log_feature_sparsity)
-            stamps.finish(tmp / STAMP, stamp(point))
-    run.sae_checkpoint.unlink(missing_ok=True)
-    stamps.begin(run.saes / SAE_CHECKPOINT_STAMP)
+            stamps.finish(tmp / STAMP, _sae_stamp(work, cfg, point))
+    checkpoint.unlink(missing_ok=True)
+    stamps.begin(marker)
 
 
 def _write_metrics_table(run: RunPaths, layer: int) -> None:
     """The layer's metrics table from every finished SAE of the layer."""
     rows = [read_metrics(run.sae(layer, s)) for s in SITES if (run.sae(layer, s) / STAMP).is_file()]
     if rows:
-        write_table(pd.DataFrame(rows)[SAE_METRICS_SCHEMA_COLUMNS], run.tables, METRICS_TABLE, layer=layer)
+        schemas.write(pd.DataFrame(rows), run.tables, "sae_metrics", layer=layer)
 
 
 # ------------------------------------------------------------------ circuit tables
 
 
-CIRCUIT_TABLES = ("interactions", "gates", "eigen", "eigen_inputs")
-ACTIVE_TABLES = ("lowrank", "lowrank_samples", "gate_truth", "gate_ablation")  # only for outputs that are SAE features
+WEIGHT_TABLES = ("interactions", "gates", "eigen", "eigen_inputs")  # for any output directions
+ACTIVE_TABLES = ("lowrank", "lowrank_samples", "gate_truth")  # only for outputs that are SAE features
 
 
-@dataclass
-class LayerSAEs:
-    """The SAEs of one layer's analysis and where the input one reads."""
-
-    layer: int
-    sae_in: LoadedSAE
-    input_site: str
-    sae_out: LoadedSAE | None
-
-
-def layer_saes(run: RunPaths, inputs: ModelInputs, layer: int, explicit: tuple[Path, Path | None] | None,
-               input_site: str, need_output: bool, allow_hookless: bool = False) -> LayerSAEs:
-    """Load and check a layer's SAEs: explicit paths, or the run's own for `input_site`."""
-    path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, "mlp_out"))
-    d_model = inputs.config.d_model
-    sae_in = load_sae(path_in, inputs.device)
-    sites = INPUT_SITES if explicit else (input_site,)
-    if sae_in.point is None and allow_hookless:
-        sites = (input_site,)
-    site = check_sae_point(sae_in, d_model, layer, sites, "input", allow_hookless)
-    sae_out = None
-    if need_output:
-        if path_out is None:
-            raise ValueError(f"layer {layer}: outputs 'sae' need an output SAE (--sae-out)")
-        sae_out = load_sae(path_out, inputs.device)
-        check_sae_point(sae_out, d_model, layer, ("mlp_out",), "output", allow_hookless)
-    return LayerSAEs(layer, sae_in, site, sae_out)
-
-
-def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: LayerSAEs, batch_rows: int = 32):
-    """A callable giving a fresh pass of `LayerBatch`es over the first `n_rows` rows."""
-    layer, site = saes.layer, saes.input_site
-    points = sorted({(layer, "mlp_in"), (layer, "mlp_out"), (layer, site)})
-    eps = float(model.cfg.eps)
-
-    def batches():
-        for _, tokens in rows.iter_batches(batch_rows, n_rows):
-            for acts in iter_activations(model, tokens, points, rows.keep(tokens), batch_rows):
-                source = acts[(layer, site)]
-                yield LayerBatch(x=acts[(layer, "mlp_in")], z=saes.sae_in.weights.encode(source),
-                                 scale=token_scale(source, eps, site),
-                                 acts=saes.sae_out.weights.encode(acts[(layer, "mlp_out")]))
-
-    return batches
-
-
-def ensure_circuits(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], cfg: CircuitConfig,
-                    corr_rows: int, sae_paths: dict[int, tuple[Path, Path | None]] | None = None,
-                    input_site: str = "resid_mid", outputs: tuple[str, ...] = ("sae",), output_basis: str = "encoder",
-                    allow_hookless: bool = False) -> list[str]:
+def ensure_circuits(work: StageInputs, *, job: CircuitsJob, layers: list[int], runtime: Runtime) -> list[str]:
     """Circuit tables of each layer and output set not yet current; returns those computed."""
-    held_digest = tokens_digest(store.held_out)
+    explicit = job.explicit(layers) or {}
+    todo = []
+    for layer in layers:
+        saes = layer_saes(work.run, work.lm, layer, explicit.get(layer), job.input_site, "sae" in job.outputs,
+                          job.allow_hookless_saes)
+        stale = [spec for spec in job.outputs if not _circuits_current(work, job, saes, spec)]
+        if stale:
+            todo.append(Task(f"layer {layer}", (job, layer, stale, runtime.threads)))
+    done = run_tasks(runtime, _circuits_layer, work, todo, "circuits")
+    return [name for names in done for name in names]
+
+
+def _circuits_stamp(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: str) -> Stamp:
+    outputs = digest(saes.sae_out.path) if spec == "sae" else text_digest(spec, _spec_file_digest(spec))
+    return Stamp("circuits", {"model": work.lm.digest, "held_out_tokens": _tokens_digest(work.store.held_out),
+                              "sae_in": digest(saes.sae_in.path), "outputs": outputs},
+                 {"format": TABLE_FORMAT, **job.recipe(), "outputs": spec})
+
+
+def _circuits_current(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: str) -> bool:
+    part = _part_name(saes.input_site, spec, job.output_basis)
+    names = WEIGHT_TABLES + (ACTIVE_TABLES if spec == "sae" else ()) + (("hosvd",) if spec == "hosvd" else ())
+    return (stamps.is_current(work.run.stamp("circuits", saes.layer, part), _circuits_stamp(work, job, saes, spec))
+            and all(has_table(work.run.tables, n, saes.layer, part) for n in names))
+
+
+def _circuits_layer(work: StageInputs, unit: tuple[CircuitsJob, int, list[str], int]) -> list[str]:
+    """The circuit tables of one layer for each stale output set, its weight analysis on
+    `threads` threads."""
+    job, layer, specs, threads = unit
+    explicit = (job.explicit([layer]) or {}).get(layer)
+    saes = layer_saes(work.run, work.lm, layer, explicit, job.input_site, "sae" in job.outputs, job.allow_hookless_saes)
+    model = work.lm.model
+    mlp = from_hooked_transformer(model, layer)
     done = []
-    for layer in tqdm(layers, desc="circuits", unit="layer"):
-        explicit = (sae_paths or {}).get(layer)
-        saes = layer_saes(run, inputs, layer, explicit, input_site, "sae" in outputs, allow_hookless)
-        mlp = None
-        for spec in outputs:
-            part = _part_name(saes.input_site, spec, output_basis)
-            stamp = Stamp("circuits", {
-                "model": inputs.digest, "held_out_tokens": held_digest, "sae_in": digest(saes.sae_in.path),
-                "outputs": digest(saes.sae_out.path) if spec == "sae" else text_digest(spec, _spec_file_digest(spec)),
-            }, {"format": TABLE_FORMAT, "circuits": cfg.recipe(), "corr_rows": corr_rows, "input_site": saes.input_site,
-                "outputs": spec, "output_basis": output_basis})
-            names = CIRCUIT_TABLES + (ACTIVE_TABLES if spec == "sae" else ()) + (("hosvd",) if spec == "hosvd" else ())
-            marker = run.stamp("circuits", layer, part)
-            if stamps.is_current(marker, stamp) and all(has_table(run.tables, n, layer, part) for n in names):
-                continue
-            stamps.begin(marker)
-            model = inputs.model
-            mlp = mlp or from_hooked_transformer(model, layer)
-            out = parse_outputs([spec], output_basis, inputs, mlp, saes, cfg)[0]
-            batches = layer_batches(model, store.held_out, corr_rows, saes) if out.sae is not None else None
-            tables = analyse_layer(mlp, saes.sae_in.weights, out, batches, cfg, layer, saes.input_site, progress=True)
-            if out.sae is not None:
-                boosted = boosted_token_ids(model, out.sae.W_dec, inputs.tokenizer, inputs.untrained)
-                tables["gate_ablation"] = gate_ablations(
-                    model, layer, saes, mlp, out, best_candidates(tables["gates"], cfg.n_ablate), boosted,
-                    store.held_out, min(corr_rows, ABLATION_ROWS)).assign(outputs=out.name, input_site=saes.input_site)
-            for name, frame in tables.items():
-                write_table(frame, run.tables, name, layer, SCHEMAS[name], part=part, provenance=stamp.to_json())
-            stamps.finish(marker, stamp)
-            done.append(f"layer {layer} {part}")
+    for spec in specs:
+        part = _part_name(saes.input_site, spec, job.output_basis)
+        stamp = _circuits_stamp(work, job, saes, spec)
+        marker = work.run.stamp("circuits", layer, part)
+        stamps.begin(marker)
+        out = parse_outputs([spec], job.output_basis, work.lm, mlp, saes, job.circuits)[0]
+        batches = layer_batches(model, work.store.held_out, job.corr_rows, saes) if out.sae is not None else None
+        tables = analyse_layer(mlp, saes.sae_in.weights, out, batches, job.circuits, layer, saes.input_site,
+                               progress=True, workers=threads)
+        for name, frame in tables.items():
+            schemas.write(frame, work.run.tables, name, layer, part=part, provenance=stamp.to_json())
+        stamps.finish(marker, stamp)
+        done.append(f"layer {layer} {part}")
+    work.report(job.corr_rows * work.store.held_out.n_ctx)
     return done
-
-
-def ensure_ablations(run: RunPaths, inputs: ModelInputs, store: TokenStore, candidates: pd.DataFrame,
-                     corr_rows: int, input_site: str = "resid_mid") -> pd.DataFrame:
-    """Ablations of given gate candidates (rows of the gates table) that the layer's
-    gate_ablation table lacks, added to it; returns the rows of all the candidates."""
-
-    part = _part_name(input_site, "sae", "encoder")
-    found = []
-    for layer, chosen in candidates.groupby("layer"):
-        path = table_path(run.tables, "gate_ablation", layer, part)
-        done = pd.read_parquet(path) if path.is_file() else pd.DataFrame(columns=SCHEMAS["gate_ablation"].names)
-        keys = set(zip(done["out_feature"], done["in_a"], done["in_b"]))
-        todo = chosen[[(f, a, b) not in keys for f, a, b in zip(chosen["out_feature"], chosen["in_a"], chosen["in_b"])]]
-        if len(todo):
-            saes = layer_saes(run, inputs, int(layer), None, input_site, True)
-            mlp = from_hooked_transformer(inputs.model, int(layer))
-            out = parse_outputs(["sae"], "encoder", inputs, mlp, saes, CircuitConfig())[0]
-            boosted = boosted_token_ids(inputs.model, out.sae.W_dec, inputs.tokenizer, inputs.untrained)
-            new = gate_ablations(inputs.model, int(layer), saes, mlp, out, todo, boosted, store.held_out,
-                                 min(corr_rows, ABLATION_ROWS))
-            done = pd.concat([done, new.assign(outputs="sae", input_site=saes.input_site)], ignore_index=True)
-            write_table(done, run.tables, "gate_ablation", int(layer), SCHEMAS["gate_ablation"], part=part,
-                        provenance=provenance(path))
-        wanted = set(zip(chosen["out_feature"], chosen["in_a"], chosen["in_b"]))
-        sel = [(f, a, b) in wanted for f, a, b in zip(done["out_feature"], done["in_a"], done["in_b"])]
-        found.append(done[sel])
-    return pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=SCHEMAS["gate_ablation"].names)
 
 
 def _part_name(input_site: str, spec: str, basis: str) -> str:
     """File name of one output set's tables within a layer's folder."""
     if spec == "sae":
-        name = "sae" if basis == "encoder" else "sae-decoder"
+        name = SAE_PART if basis == "encoder" else "sae-decoder"
     elif spec == "hosvd":
         name = "hosvd"
     else:
@@ -479,85 +367,121 @@ def _spec_file_digest(spec: str) -> str:
     return ""
 
 
-def check_tables_match(run: RunPaths, layer: int, part: str, sae_in: Path, sae_out: Path | None) -> None:
-    """Refuse to show a layer's tables next to SAEs other than those they were computed with."""
-    recorded = provenance(table_path(run.tables, "gates", layer, part))
-    if recorded is None:
-        return
-    now = {"sae_in": digest(sae_in)}
-    if sae_out is not None:
-        now["outputs"] = digest(sae_out)
-    changed = [name for name, value in now.items() if recorded["inputs"].get(name) != value]
-    if changed:
-        raise ValueError(f"the layer {layer} tables in {run.tables} were computed with other SAEs than "
-                         f"{', '.join(str(p) for p in (sae_in, sae_out) if p)} ({', '.join(changed)} differ); "
-                         "rerun `circuits` with these SAEs or pass the ones the tables were computed with")
-
-
 # ------------------------------------------------------------------ feature descriptions
 
 
-def held_out_digest(store: TokenStore) -> str:
-    """Digest of the held-out tokens and their labels (what descriptions are computed from)."""
-    files = sorted(store.folder.glob("held_out.*.bin"))
-    return text_digest([digest(f) for f in files], store.classes, store.lexicon_tokens)
-
-
-def ensure_features(run: RunPaths, inputs: ModelInputs, store: TokenStore, layers: list[int], sites: list[str],
-                    cfg, sae_paths: dict[int, tuple[Path, Path | None]] | None = None,
-                    allow_hookless: bool = False, seed: int = 0) -> pd.DataFrame:
+def ensure_features(work: StageInputs, *, job: FeaturesJob, layers: list[int], runtime: Runtime) -> pd.DataFrame:
     """The `features` and `feature_labels` tables of each (layer, site) not yet current.
 
     Each (layer, site) is its own part (`features/layer2/mlp_out.parquet`), so describing
-    one site's SAEs leaves the others' descriptions as they are; all the SAEs still to do
-    are described in one pass over the held-out rows.
+    one site's SAEs leaves the others' descriptions as they are. Here every SAE still to do
+    is described in one pass over the held-out rows; on Ray, each layer is a task.
     """
-    held = held_out_digest(store)
-    todo: dict[Point, tuple[LoadedSAE, Stamp, Path]] = {}
+    explicit = job.explicit(layers) or {}
+    todo: dict[int, list[str]] = {}
     for layer in layers:
-        for point, sae in _feature_saes(run, inputs, layer, sites, (sae_paths or {}).get(layer), allow_hookless).items():
-            stamp = Stamp("features", {"model": inputs.digest, "held_out": held, "sae": digest(sae.path)},
-                          {"format": TABLE_FORMAT, "features": cfg.recipe(), "seed": seed})
-            marker = run.stamp("features", layer, point[1])
-            if stamps.is_current(marker, stamp) and has_table(run.tables, "features", layer, point[1]):
-                continue
-            stamps.begin(marker)
-            todo[point] = (sae, stamp, marker)
-    if todo:
-        features, labels = feature_tables(inputs.model, inputs.tokenizer, store.held_out,
-                                          {p: s.weights for p, (s, _, _) in todo.items()}, cfg, store.classes,
-                                          store.lexicon_tokens, inputs.token_counts, seed)
-        for (layer, site), (_, stamp, marker) in todo.items():
-            mine = lambda frame: frame[(frame["layer"] == layer) & (frame["site"] == site)]  # noqa: E731
-            write_table(mine(features), run.tables, "features", layer, FEATURES_SCHEMA, part=site,
-                        provenance=stamp.to_json())
-            write_table(mine(labels), run.tables, "feature_labels", layer, FEATURE_LABELS_SCHEMA, part=site,
-                        provenance=stamp.to_json())
-            stamps.finish(marker, stamp)
-    return read_table(run.tables, "features", layers)
+        for point, sae in feature_saes(work.run, work.lm, layer, job.sites, explicit.get(layer),
+                                       job.allow_hookless_saes).items():
+            if not (stamps.is_current(work.run.stamp("features", layer, point[1]), _features_stamp(work, job, sae.path))
+                    and has_table(work.run.tables, "features", layer, point[1])):
+                todo.setdefault(layer, []).append(point[1])
+    if runtime.ray is None and todo:  # one pass for every layer
+        tasks = [Task("layers " + ", ".join(map(str, todo)), (job, todo))]
+    else:
+        tasks = [Task(f"layer {layer}", (job, {layer: sites})) for layer, sites in todo.items()]
+    run_tasks(runtime, _features_of, work, tasks, "features")
+    return schemas.read(work.run.tables, "features", layers)
 
 
-def _feature_saes(run: RunPaths, inputs: ModelInputs, layer: int, sites: list[str],
-                  explicit: tuple[Path, Path | None] | None, allow_hookless: bool) -> dict[Point, LoadedSAE]:
-    """The SAEs of a layer to describe: explicit ones, or the run's for `sites` that exist."""
-    d_model = inputs.config.d_model
+def _features_stamp(work: StageInputs, job: FeaturesJob, sae_path: Path) -> Stamp:
+    return Stamp("features", {"model": work.lm.digest, "held_out": _held_out_digest(work.store), "sae": digest(sae_path)},
+                 {"format": TABLE_FORMAT, "features": job.features.recipe()})
+
+
+def _features_of(work: StageInputs, unit: tuple[FeaturesJob, dict[int, list[str]]]) -> None:
+    job, todo = unit
+    explicit = job.explicit(sorted(todo)) if len(todo) == 1 else None
+    saes = {}
+    for layer, sites in todo.items():
+        found = feature_saes(work.run, work.lm, layer, tuple(sites), (explicit or {}).get(layer),
+                             job.allow_hookless_saes)
+        saes.update({p: s for p, s in found.items() if p[1] in sites})
+    for (layer, site) in saes:
+        stamps.begin(work.run.stamp("features", layer, site))
+    features, labels = feature_tables(work.lm.model, work.lm.tokenizer, work.store.held_out,
+                                      {p: s.weights for p, s in saes.items()}, job.features, work.store.classes,
+                                      work.store.lexicon_tokens, work.lm.token_counts)
+    for (layer, site), sae in saes.items():
+        stamp = _features_stamp(work, job, sae.path)
+        mine = lambda frame: frame[(frame["layer"] == layer) & (frame["site"] == site)]  # noqa: E731
+        schemas.write(mine(features), work.run.tables, "features", layer, part=site, provenance=stamp.to_json())
+        schemas.write(mine(labels), work.run.tables, "feature_labels", layer, part=site, provenance=stamp.to_json())
+        stamps.finish(work.run.stamp("features", layer, site), stamp)
+    work.report(job.features.n_rows * work.store.held_out.n_ctx)
+
+
+# ------------------------------------------------------------------ verdicts
+
+VERDICT_TABLES = tuple(name for name, table in schemas.TABLES.items() if table.stage == "verdicts")
+
+
+def ensure_verdicts(work: StageInputs, *, job: VerdictsJob, layers: list[int], runtime: Runtime) -> pd.DataFrame:
+    """Group gates, ablations and the `gate_verdicts` table of each layer not yet current;
+    returns the verdicts of every layer asked for."""
+    explicit = job.explicit(layers) or {}
+    todo = []
+    for layer in layers:
+        saes = layer_saes(work.run, work.lm, layer, explicit.get(layer), job.input_site, True, job.allow_hookless_saes)
+        part = f"{saes.input_site}-{SAE_PART}"
+        marker = work.run.stamp("verdicts", layer, part)
+        if not (stamps.is_current(marker, _verdicts_stamp(work, job, saes))
+                and all(has_table(work.run.tables, n, layer, part) for n in VERDICT_TABLES)):
+            todo.append(Task(f"layer {layer}", (job, layer)))
+    run_tasks(runtime, _verdicts_layer, work, todo, "verdicts")
+    return schemas.select(schemas.read(work.run.tables, "gate_verdicts", layers), job.input_site)
+
+
+def _verdicts_stamp(work: StageInputs, job: VerdictsJob, saes: LayerSAEs) -> Stamp:
+    return Stamp("verdicts", {"model": work.lm.digest, "held_out_tokens": _tokens_digest(work.store.held_out),
+                              "sae_in": digest(saes.sae_in.path), "sae_out": digest(saes.sae_out.path),
+                              **_read_digests(work.run, saes)},
+                 {"format": TABLE_FORMAT, **job.recipe()})
+
+
+def _read_digests(run: RunPaths, saes: LayerSAEs) -> dict[str, str]:
+    """Digests of the tables the verdicts of a layer read (their files for this layer)."""
     found = {}
-    if explicit is not None:
-        path_in, path_out = explicit
-        sae_in = load_sae(path_in, inputs.device)
-        found[(layer, check_sae_point(sae_in, d_model, layer, INPUT_SITES, "input", allow_hookless))] = sae_in
-        if path_out is not None:
-            sae_out = load_sae(path_out, inputs.device)
-            check_sae_point(sae_out, d_model, layer, ("mlp_out",), "output", allow_hookless)
-            found[(layer, "mlp_out")] = sae_out
-        return found
-    for site in sites:
-        folder = run.sae(layer, site)
-        if folder.is_dir():
-            sae = load_sae(folder, inputs.device)
-            check_sae_point(sae, d_model, layer, (site,), "input" if site != "mlp_out" else "output")
-            found[(layer, site)] = sae
-    if not found:
-        raise FileNotFoundError(f"no SAEs of layer {layer} in {run.saes} for sites {', '.join(sites)}: "
-                                "run `train-saes` first or pass --sae-in/--sae-out")
+    for name in CIRCUIT_READS:
+        path = table_path(run.tables, name, saes.layer, f"{saes.input_site}-{SAE_PART}")
+        if not path.is_file():
+            raise FileNotFoundError(f"layer {saes.layer}: no {name} table for input site {saes.input_site} in "
+                                    f"{run.tables}: run `circuits` first")
+        found[name] = digest(path)
+    for site in (saes.input_site, "mlp_out"):
+        for name in ("features", "feature_labels"):
+            path = table_path(run.tables, name, saes.layer, site)
+            found[f"{name}:{site}"] = digest(path) if path.is_file() else "absent"
     return found
+
+
+def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
+    """Rank, group, ablate and judge one layer's gate candidates (`pipelines.analysis.judge`)."""
+    job, layer = unit
+    run = work.run
+    explicit = (job.explicit([layer]) or {}).get(layer)
+    saes = layer_saes(run, work.lm, layer, explicit, job.input_site, True, job.allow_hookless_saes)
+    part = f"{saes.input_site}-{SAE_PART}"
+    marker = run.stamp("verdicts", layer, part)
+    stamp = _verdicts_stamp(work, job, saes)
+    stamps.begin(marker)
+    circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)
+                for name in CIRCUIT_READS}
+    features = schemas.read(run.tables, "features", [layer])
+    model = work.lm.model
+    boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
+    frames = judge_layer(model, saes, work.store.held_out, circuits, InputFacts.of(features, layer, saes.input_site),
+                         has_negation_labels(work.store.classes), boosted, job.verdicts)
+    for name, frame in frames.items():
+        schemas.write(frame, run.tables, name, layer, part=part, provenance=stamp.to_json())
+    stamps.finish(marker, stamp)
+    work.report(job.verdicts.rows * work.store.held_out.n_ctx)

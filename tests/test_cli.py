@@ -1,7 +1,15 @@
 """Every subcommand end to end on a tiny run, through the command line."""
 
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -10,12 +18,17 @@ import pytest
 import torch
 
 from pipelines.cli import main
+from pipelines.engine.tables import provenance
 
 pytestmark = pytest.mark.slow
 
-TABLES = ("sae_metrics", "interactions", "gates", "gate_truth", "gate_ablation", "eigen", "eigen_inputs", "lowrank",
-          "features", "feature_labels")
+TABLES = ("sae_metrics", "interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "lowrank_samples",
+          "features", "feature_labels", "gate_ablation", "group_gates", "group_truth", "group_ablation",
+          "gate_verdicts")
+VERDICT_TABLES = ("gate_ablation", "group_gates", "group_truth", "group_ablation", "gate_verdicts")
 CIRCUITS = ["--top-n", "10", "--max-rank", "4", "--corr-rows", "64", "--min-active", "5"]
+VERDICTS = ["--rows", "64", "--n-ablate", "2", "--min-cell", "5", "--ablate-rows", "64"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +42,8 @@ def run(tmp_path_factory):
                  "--train-tokens", "40960", "--batch-size", "1024", "--k", "4"]) == 0
     assert main(["circuits", *base, *CIRCUITS]) == 0
     assert main(["features", *base, "--rows", "64"]) == 0
+    # one thread, as the direct call of the stage in test_cli_verdicts_equal_the_stage_called_as_the_demo_does
+    assert main(["verdicts", *base, "--threads", "1", *VERDICTS]) == 0
     assert main(["report", *base]) == 0
     return out
 
@@ -43,6 +58,14 @@ def test_stage_outputs(run):
         assert df["layer"].dtype == "int64" and sorted(df["layer"].unique()) == [0, 1], name
     gates = duckdb.sql(f"select count(*) from read_parquet('{run}/tables/gates/**/*.parquet')").fetchall()[0][0]
     assert gates == len(pd.read_parquet(run / "tables" / "gates"))
+    verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")
+    for column in ("kind", "circuit_rank", "split_pair", "verdict", "is_and", "negation_gate"):
+        assert column in verdicts.columns, column
+    assert set(verdicts["kind"]) == {"pair", "group"}
+    # one row per output and kind, ranked 1, 2, ... within each layer and kind
+    assert not verdicts.duplicated(["layer", "input_site", "outputs", "out_feature", "kind"]).any()
+    for _, frame in verdicts.groupby(["layer", "kind"]):
+        assert sorted(frame["circuit_rank"]) == list(range(1, len(frame) + 1))
 
 
 def test_rerun_keeps_finished_stages(run, capsys):
@@ -50,6 +73,57 @@ def test_rerun_keeps_finished_stages(run, capsys):
     assert main(["circuits", "--out", str(run), *CIRCUITS]) == 0
     assert "none, all up to date" in capsys.readouterr().out
     assert (run / "tables/lowrank/layer0/resid_mid-sae.parquet").stat().st_mtime_ns == before
+    verdicts = run / "tables/gate_verdicts/layer0/resid_mid-sae.parquet"
+    before = verdicts.stat().st_mtime_ns
+    assert main(["verdicts", "--out", str(run), "--threads", "1", *VERDICTS]) == 0
+    out = capsys.readouterr().out
+    assert "Best circuit candidates per layer, input pairs" in out and "group gates" in out
+    assert "verdicts of layers [0, 1]" in out
+    assert verdicts.stat().st_mtime_ns == before
+
+
+def _verdict_files(run: Path) -> dict[str, Path]:
+    """The verdicts stage's table files for the run's resid_mid input SAEs."""
+    return {str(p.relative_to(run / "tables")): p for name in VERDICT_TABLES
+            for p in sorted((run / "tables" / name).rglob("resid_mid-sae.parquet"))}
+
+
+def test_cli_verdicts_equal_the_stage_called_as_the_demo_does(run, tmp_path):
+    """`bilinear-circuits verdicts` (the fixture ran it) and `ensure_verdicts` called with
+    the job built from the same settings, as the demo calls it, write the same tables."""
+    from pipelines.analysis.verdicts import VerdictConfig
+    from pipelines.engine.paths import RunPaths
+    from pipelines.inputs import ModelInputs, StageInputs, trained_corpus
+    from pipelines.jobs import VerdictsJob
+    from pipelines.runtime import Runtime
+    from pipelines.stages import ensure_tokens, ensure_verdicts
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    for name in VERDICT_TABLES:
+        shutil.rmtree(copy / "tables" / name)
+    stamps = sorted((copy / "tables" / ".stamps").glob("verdicts-*.json"))
+    assert [p.name for p in stamps] == ["verdicts-layer0-resid_mid-sae.json", "verdicts-layer1-resid_mid-sae.json"]
+    for stamp in stamps:
+        stamp.unlink()
+
+    paths = RunPaths(copy)
+    lm = ModelInputs(paths.lm, "cpu")
+    source, corpus = trained_corpus(paths.lm)
+    work = StageInputs(paths, lm, ensure_tokens(paths, source, lm.tokenizer, lm.config.n_ctx, corpus))
+    job = VerdictsJob(verdicts=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64))
+    returned = ensure_verdicts(work, job=job, layers=[0, 1], runtime=Runtime(threads=1, device="cpu"))
+
+    cli, direct = _verdict_files(run), _verdict_files(copy)
+    assert sorted(cli) == sorted(direct) and len(cli) == 2 * len(VERDICT_TABLES)
+    for name, path in cli.items():
+        pd.testing.assert_frame_equal(pd.read_parquet(path), pd.read_parquet(direct[name]), check_exact=True,
+                                      obj=name)
+        assert provenance(path) == provenance(direct[name]), name  # the same stamp: the same job and inputs
+    for stamp in stamps:
+        assert json.loads(stamp.read_text()) == json.loads((run / "tables/.stamps" / stamp.name).read_text())
+    written = pd.read_parquet(sorted((run / "tables" / "gate_verdicts").rglob("resid_mid-sae.parquet")))
+    pd.testing.assert_frame_equal(returned, written, check_exact=True)
 
 
 def test_explicit_paths_give_the_same_tables(run, tmp_path):
@@ -63,6 +137,12 @@ def test_explicit_paths_give_the_same_tables(run, tmp_path):
     assert main(["features", "--out", str(tmp_path), *explicit, "--rows", "64"]) == 0
     described = pd.read_parquet(tmp_path / "tables" / "features")
     assert set(described["site"]) == {"resid_mid", "mlp_out"} and set(described["layer"]) == {1}
+    assert main(["verdicts", "--out", str(tmp_path), *explicit, "--threads", "1", *VERDICTS]) == 0
+    ours = pd.read_parquet(tmp_path / "tables" / "gate_verdicts")
+    theirs = pd.read_parquet(run / "tables" / "gate_verdicts")
+    theirs = theirs[theirs["layer"] == 1].reset_index(drop=True)
+    assert set(ours["layer"]) == {1}
+    pd.testing.assert_frame_equal(ours, theirs, rtol=1e-4)
     assert main(["report", "--out", str(tmp_path), *explicit]) == 0
     assert list((tmp_path / "report").glob("L1_*_scatter.png"))
 
@@ -80,6 +160,17 @@ def test_other_outputs_and_an_mlp_in_input_sae(run, tmp_path):
     assert sel.groupby("outputs")["out_feature"].nunique().to_dict()["hosvd"] == 4
     lowrank = pd.read_parquet(run / "tables" / "lowrank")
     assert set(lowrank.loc[lowrank["input_site"] == "mlp_in", "outputs"]) == {"sae"}  # only SAE features have activity
+    # verdicts of the mlp_in circuits sit beside those of resid_mid, which stay as they were
+    resid = run / "tables/gate_verdicts/layer0/resid_mid-sae.parquet"
+    before = resid.stat().st_mtime_ns
+    assert main(["features", "--out", str(run), "--layers", "0", "--rows", "64"]) == 0
+    assert "mlp_in" in set(pd.read_parquet(run / "tables" / "features")["site"])
+    assert main(["verdicts", "--out", str(run), "--layers", "0", "--input-site", "mlp_in", *VERDICTS]) == 0
+    verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")
+    mine = verdicts[(verdicts["layer"] == 0) & (verdicts["input_site"] == "mlp_in")]
+    assert len(mine) > 0 and set(mine["outputs"]) == {"sae"}
+    assert (run / "tables/gate_verdicts/layer0/mlp_in-sae.parquet").is_file()
+    assert resid.stat().st_mtime_ns == before
 
 
 def test_bad_input_gives_clear_errors(run, tmp_path, capsys):
@@ -89,19 +180,57 @@ def test_bad_input_gives_clear_errors(run, tmp_path, capsys):
     assert "no model checkpoint" in capsys.readouterr().err
     assert main(["circuits", "--out", str(run), "--sae-in", str(run / "saes/layer1_resid_mid")]) == 2
     assert "single --layer" in capsys.readouterr().err
+    assert main(["verdicts", "--out", str(run), "--sae-in", str(run / "saes/layer1_resid_mid")]) == 2
+    assert "single --layer" in capsys.readouterr().err
     assert main(["circuits", "--out", str(run), "--layers", "0", "--outputs", "logit:zzzqqq"]) == 2
     assert "'zzzqqq' is not one token" in capsys.readouterr().err
     assert main(["features", "--out", str(run), "--device", "tpu"]) == 2
     assert "--device must be auto, cpu, cuda or cuda:N, not 'tpu'" in capsys.readouterr().err
+    # verdicts before circuits: the tables it reads are missing
+    assert main(["verdicts", "--out", str(tmp_path / "fresh"), "--corpus", str(run / "corpus"), "--model",
+                 str(run / "lm"), "--layer", "0", "--sae-in", str(run / "saes/layer0_resid_mid"),
+                 "--sae-out", str(run / "saes/layer0_mlp_out"), *VERDICTS]) == 2
+    assert "run `circuits` first" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert main(["report", "--out", str(run), "--device", "cuda:0"]) == 2
         assert "no CUDA device is available here" in capsys.readouterr().err
 
 
+def test_debug_shows_the_traceback_of_an_error(run, tmp_path, capsys):
+    argv = ["circuits", "--out", str(run), "--layers", "5"]
+    command = [sys.executable, "-m", "pipelines", *argv]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    plain = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert plain.returncode == 2
+    assert "Traceback" not in plain.stderr
+    assert plain.stderr.strip().splitlines()[-1].startswith("error: layers [5] do not exist")
+    debug = subprocess.run([*command, "--debug"], capture_output=True, text=True, env=env)
+    assert debug.returncode not in (0, 2)
+    assert "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].startswith("ValueError: layers [5] do not exist")
+    # in-process too, for an error of the OSError family, and for convert (parsed apart from the others)
+    with pytest.raises(ValueError, match="do not exist"):
+        main([*argv, "--debug"])
+    with pytest.raises(FileNotFoundError, match="no model checkpoint"):
+        main(["features", "--out", str(tmp_path), "--debug"])
+    assert main(["convert", str(tmp_path / "absent"), "--out", str(tmp_path / "o")]) == 2
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        main(["convert", str(tmp_path / "absent"), "--out", str(tmp_path / "o"), "--debug"])
+    capsys.readouterr()
+    # the lock taken by the command that raised is given back
+    assert main(argv) == 2
+    assert "do not exist" in capsys.readouterr().err
+
+
 def test_module_entry_point_help():
-    for command in ("corpus", "train-lm", "convert", "train-saes", "circuits", "features", "report", "explore", "demo"):
+    fan_out = ("train-saes", "circuits", "features", "verdicts", "demo")
+    for command in ("corpus", "train-lm", "convert", "train-saes", "circuits", "features", "verdicts", "report",
+                    "explore", "demo"):
         done = subprocess.run([sys.executable, "-m", "pipelines", command, "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and "usage: bilinear-circuits" in done.stdout, command
+        assert "--debug" in done.stdout, command
+        if command in fan_out:
+            assert "--ray" in done.stdout and "--workers" in done.stdout, command
 
 
 def test_changed_inputs_are_not_taken_for_done(run, tmp_path, capsys):
@@ -113,24 +242,135 @@ def test_changed_inputs_are_not_taken_for_done(run, tmp_path, capsys):
     assert "computed now: layer 0" in capsys.readouterr().out
 
 
-def test_demo_small_finds_and_checks_gates(tmp_path, capsys):
-    assert main(["demo", "--small", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert "Best gate candidates per layer" in out and "report:" in out
-    summary = __import__("json").loads((tmp_path / "lm" / "summary.json").read_text())
+def _seeds(config, path: str = "") -> dict[str, int]:
+    """Every seed field of a config and of the configs it nests, by its path."""
+    found = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            found.update(_seeds(value, f"{path}{f.name}."))
+        elif f.name == "seed" or f.name.endswith("_seed"):
+            found[path + f.name] = value
+    return found
+
+
+def test_demo_seed_reaches_every_stage():
+    from pipelines.demo import DemoConfig
+
+    seeds = _seeds(DemoConfig.small().with_seed(5))
+    # the model's initialisation is seeded by lm.train.seed (train_lm replaces lm.model.seed with it)
+    seeds.pop("lm.model.seed")
+    assert {"stories.seed", "lm.corpus.split_seed", "lm.train.seed", "saes.sae.seed", "circuits.circuits.seed",
+            "features.features.seed", "verdicts.verdicts.seed"} <= set(seeds)
+    assert set(seeds.values()) == {5}, seeds
+
+
+CANDIDATE = re.compile(r"^  layer (\d+), circuit rank (\d+): out (\d+) <- (.*): gate_score ")
+
+
+def _printed_candidates(out: str) -> list[dict]:
+    """The candidates the demo printed, with the section each came under."""
+    found, section = [], None
+    for line in out.splitlines():
+        if line.startswith("Best circuit candidates per layer, "):
+            section = "pair" if "input pairs" in line else "group"
+        elif line.startswith("Negation gates"):
+            section = "negation"
+        match = CANDIDATE.match(line)
+        if match:
+            layer, rank, out_feature, sides = match.groups()
+            kind = "group" if sides.startswith("groups ") else "pair"
+            members = [[int(m) for m in re.findall(r"\d+", side)] for side in re.findall(r"\[([^\]]*)\]", sides)] \
+                if kind == "group" else [[int(m)] for m in re.fullmatch(r"\((\d+), (\d+)\)", sides).groups()]
+            found.append({"section": section, "kind": kind, "layer": int(layer), "circuit_rank": int(rank),
+                          "out_feature": int(out_feature), "members_a": members[0], "members_b": members[1]})
+    return found
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory) -> tuple[Path, str]:
+    """The small demo, run once through the command line: its run directory and what it printed."""
+    out = tmp_path_factory.mktemp("demo")
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["demo", "--small", "--out", str(out)]) == 0
+    return out, printed.getvalue()
+
+
+def test_demo_small_runs_every_stage(demo):
+    from pipelines.demo import DemoConfig
+
+    run, out = demo
+    assert "Best circuit candidates per layer, input pairs" in out and "report:" in out
+    assert "Best circuit candidates per layer, group gates" in out
+    summary = json.loads((run / "lm" / "summary.json").read_text())
     assert summary["held_out_loss"] < summary["unigram_entropy"]  # the LM learned something
-    metrics = pd.read_parquet(tmp_path / "tables" / "sae_metrics")
+    metrics = pd.read_parquet(run / "tables" / "sae_metrics")
     assert len(metrics) == 4 and (metrics["nmse"] < 0.6).all() and (metrics["loss_added"] < 0.2).all()
-    gates = pd.read_parquet(tmp_path / "tables" / "gates")
+    gates = pd.read_parquet(run / "tables" / "gates")
     best = gates[gates["layer_rank"] == 1]
     assert len(best) == 2 and (best["contribution_share"] > 0).all() and (best["coactivation"] > 0).all()
-    truth = pd.read_parquet(tmp_path / "tables" / "gate_truth")
+    truth = pd.read_parquet(run / "tables" / "gate_truth")
     assert set(truth["cell"]) == {"on_on", "on_off", "off_on", "off_off"}
-    # circuits ablates the 2 best candidates per layer, the demo then the rest of its 4
-    ablation = pd.read_parquet(tmp_path / "tables" / "gate_ablation")
-    from pipelines.analysis.verdicts import best_candidates
+    assert DemoConfig.from_json(json.loads((run / "demo_config.json").read_text())) == DemoConfig.small()
+    assert (run / "report" / "index.html").is_file() and (run / "explorer" / "index.html").is_file()
 
-    shown = best_candidates(gates, 4)
-    done = set(zip(ablation["layer"], ablation["out_feature"], ablation["in_a"], ablation["in_b"]))
-    assert len(shown) > 4 and set(zip(shown["layer"], shown["out_feature"], shown["in_a"], shown["in_b"])) <= done
-    assert (tmp_path / "report" / "index.html").is_file() and (tmp_path / "demo_config.json").is_file()
+
+def test_demo_small_ranks_and_judges_pairs_and_group_gates(demo):
+    """The verdicts stage: each layer's candidates of each kind, ranked and judged."""
+    run, _ = demo
+    verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")
+    assert set(zip(verdicts["layer"], verdicts["kind"])) == {(0, "pair"), (0, "group"), (1, "pair"), (1, "group")}
+    for _, frame in verdicts.groupby(["layer", "kind"]):
+        assert sorted(frame["circuit_rank"]) == list(range(1, len(frame) + 1))
+        split = frame.sort_values("circuit_rank")["split_pair"].fillna(False).astype(bool).tolist()
+        assert split == sorted(split)  # split pairs last
+    assert verdicts["verdict"].map(lambda v: isinstance(v, str) and len(v) > 0).all()
+    assert (verdicts.loc[verdicts["is_and"], "verdict"] == "behaves as an AND gate").all()
+    group_gates = pd.read_parquet(run / "tables" / "group_gates")
+    assert set(group_gates["layer"]) == {0, 1} and set(group_gates["source"]) <= {"eigen", "labels"}
+    group_truth = pd.read_parquet(run / "tables" / "group_truth")
+    assert set(group_truth["cell"]) == {"on_on", "on_off", "off_on", "off_off"}
+
+
+def test_demo_small_gives_every_candidate_a_negation_label(demo):
+    """The story corpus labels negations and contexts: every candidate is, or is not, a
+    negation gate (null is for corpora without such labels)."""
+    run, _ = demo
+    assert {"negation", "context"} <= set(pd.read_parquet(run / "tables" / "feature_labels")["channel"])
+    verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")
+    assert verdicts["negation_gate"].notna().all(), verdicts.groupby("layer")["negation_gate"].unique()
+
+
+def test_demo_small_prints_only_ablated_candidates(demo):
+    """Every candidate the demo prints is a row of gate_verdicts and was ablated
+    (gate_ablation, group_ablation), so its verdict rests on the ablations."""
+    from pipelines.demo import DemoConfig
+
+    run, out = demo
+    verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")
+    printed = _printed_candidates(out)
+    pairs = [c for c in printed if c["section"] == "pair"]
+    groups = [c for c in printed if c["section"] == "group"]
+    # more than the n_ablate best of each layer were printed: the rest must have been ablated too
+    assert len(pairs) > 2 * DemoConfig.small().verdicts.verdicts.n_ablate
+    assert groups and all(c["kind"] == "group" for c in groups) and all(c["kind"] == "pair" for c in pairs)
+    rows = verdicts.set_index(["kind", "layer", "circuit_rank"])
+    pair_ablation = pd.read_parquet(run / "tables" / "gate_ablation")
+    group_ablation = pd.read_parquet(run / "tables" / "group_ablation")
+    pair_done = set(zip(pair_ablation["layer"], pair_ablation["out_feature"], pair_ablation["in_a"],
+                        pair_ablation["in_b"]))
+    group_done = set(zip(group_ablation["layer"], group_ablation["out_feature"], group_ablation["group_a"],
+                         group_ablation["group_b"]))
+    for c in printed:
+        row = rows.loc[(c["kind"], c["layer"], c["circuit_rank"])]
+        assert row["out_feature"] == c["out_feature"], c
+        assert list(row["members_a"]) == c["members_a"] and list(row["members_b"]) == c["members_b"], c
+    unablated = []
+    for c in printed:
+        row = rows.loc[(c["kind"], c["layer"], c["circuit_rank"])]
+        done = ((c["layer"], c["out_feature"], row["in_a"], row["in_b"]) in pair_done if c["kind"] == "pair"
+                else (c["layer"], c["out_feature"], row["group_a"], row["group_b"]) in group_done)
+        if not (done and pd.notna(row["drop_a"]) and pd.notna(row["drop_b"])):
+            unablated.append((c["kind"], c["layer"], c["circuit_rank"], row["verdict"]))
+    assert not unablated

@@ -304,3 +304,27 @@ def test_run_paths_layout(tmp_path):
     assert run.sae(2, "mlp_out") == tmp_path / "saes" / "layer2_mlp_out"
     assert run.stamp("circuits", 3, "eigen") == tmp_path / "tables" / ".stamps" / "circuits-layer3-eigen.json"
     assert run.stamp("report") == tmp_path / "tables" / ".stamps" / "report.json"
+
+
+# ------------------------------------------------------------------ tasks
+
+
+def test_tasks_run_here_in_order_on_the_runtimes_threads():
+    import torch
+
+    from pipelines.engine.tasks import Task, run_tasks
+    from pipelines.runtime import Runtime
+
+    seen = []
+
+    def work(inputs, unit):
+        seen.append((inputs, unit, torch.get_num_threads()))
+        return unit * 10
+
+    before = torch.get_num_threads()
+    runtime = Runtime(threads=1, device="cpu")
+    tasks = [Task("layer 2", 2), Task("layer 0", 0)]
+    assert run_tasks(runtime, work, "inputs", tasks, "circuits") == [20, 0]
+    assert seen == [("inputs", 2, 1), ("inputs", 0, 1)]
+    assert torch.get_num_threads() == before  # restored
+    assert run_tasks(runtime, work, "inputs", [], "circuits") == [] and len(seen) == 2

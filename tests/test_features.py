@@ -42,7 +42,7 @@ def test_best_keeps_the_top_entries_of_each_feature_across_batches():
 def test_tracker_statistics_token_mass_and_label_shares():
     cfg = FeatureConfig(n_contexts=2, n_samples=2)
     classes = {"negation": ["negation"], "context": ["positive", "negative"]}
-    tracker = _Tracker(n_features=2, d_vocab=10, cfg=cfg, classes=classes, seed=0)
+    tracker = _Tracker(n_features=2, d_vocab=10, cfg=cfg, classes=classes)
     # 6 tokens; feature 0 fires on tokens 1 and 3 (ids 5 and 5), feature 1 everywhere
     acts = torch.tensor([[0, 1], [2, 1], [0, 1], [3, 1], [0, 1], [0, 1]], dtype=torch.float32)
     ids = torch.tensor([4, 5, 6, 5, 7, 8])
@@ -87,7 +87,7 @@ def test_contexts_stay_in_their_document_and_bracket_the_token(tok):
 def test_top_contexts_come_from_distinct_documents(tok):
     rows, docs = rows_for(tok, TEXTS[:9])
     cfg = FeatureConfig(n_contexts=3, n_samples=0)
-    tracker = _Tracker(1, 64, cfg, {}, seed=0)
+    tracker = _Tracker(1, 64, cfg, {})
     flat = torch.arange(rows.tokens.size)
     acts = torch.linspace(0.1, 1.0, len(flat))[:, None]  # the highest activations all lie in the last document
     tracker.update(acts, flat, torch.from_numpy(rows.tokens.reshape(-1)), {},
@@ -100,7 +100,7 @@ def test_top_contexts_come_from_distinct_documents(tok):
 def test_samples_spread_over_quantiles(tok):
     rows, _ = rows_for(tok, TEXTS[:6])
     cfg = FeatureConfig(n_contexts=1, n_samples=3)
-    tracker = _Tracker(1, 64, cfg, {}, seed=0)
+    tracker = _Tracker(1, 64, cfg, {})
     flat = torch.arange(rows.tokens.size)
     tracker.update(torch.arange(1, len(flat) + 1, dtype=torch.float32)[:, None], flat,
                    torch.from_numpy(rows.tokens.reshape(-1)), {})
@@ -108,6 +108,19 @@ def test_samples_spread_over_quantiles(tok):
     quantiles = row["sample_quantiles"]
     assert len(quantiles) == 3 and quantiles == sorted(quantiles)
     assert quantiles[0] < 0.25 and 0.35 < quantiles[1] < 0.65 and quantiles[2] > 0.75
+
+
+def test_the_config_seed_decides_the_sample_of_activations(tok):
+    rows, _ = rows_for(tok, TEXTS[:6])
+    flat = torch.arange(rows.tokens.size)
+
+    def sampled(seed: int) -> list[int]:
+        tracker = _Tracker(1, 64, FeatureConfig(n_contexts=1, n_samples=3, seed=seed), {})
+        tracker.update(torch.ones(len(flat), 1), flat, torch.from_numpy(rows.tokens.reshape(-1)), {})
+        return tracker.sample.index[0].tolist()
+
+    assert sampled(0) == sampled(0)  # repeatable
+    assert sampled(0) != sampled(1)  # and the seed is FeatureConfig's
 
 
 def test_special_and_untrained_tokens_are_never_listable(tok):
@@ -154,7 +167,7 @@ def test_labels_need_a_share_well_above_the_base_rate_and_enough_tokens(tok):
     acts[:, 0] = 1.0  # everywhere: 50% on either class, the base rate
     acts[codes == 1, 1] = 1.0  # only on class 1
     acts[torch.nonzero(codes == 1)[:5, 0], 2] = 1.0  # only on class 1, but on 5 tokens
-    tracker = _Tracker(3, 64, cfg, {"polarity": ["pos", "neg"]}, seed=0)
+    tracker = _Tracker(3, 64, cfg, {"polarity": ["pos", "neg"]})
     tracker.update(acts, torch.arange(n), torch.from_numpy(rows.tokens.reshape(-1)), {"polarity": codes})
     windows = _Windows(rows, tok, cfg)
     described = [_describe_feature(tracker, f, windows, None, None, {}, cfg) for f in range(3)]

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 TINY_LM = ["--preset", "tiny", "--train-tokens", "40000", "--vocab-size", "600"]
 TINY_SAES = ["--train-tokens", "40960", "--k", "4"]
 CIRCUITS = ["--top-n", "10", "--max-rank", "4", "--corr-rows", "64"]
+VERDICTS = ["--rows", "64", "--n-ablate", "2", "--min-cell", "5", "--ablate-rows", "64"]
 
 
 def _ok(argv: list[str]) -> None:
@@ -42,6 +43,7 @@ def run(tmp_path_factory) -> Path:
     _ok(["train-saes", *base, *TINY_SAES])
     _ok(["circuits", *base, *CIRCUITS])
     _ok(["features", *base, "--rows", "64"])
+    _ok(["verdicts", *base, *VERDICTS])
     return out
 
 
@@ -80,18 +82,20 @@ def test_saes_of_another_model_are_not_reused(run, other_lm, tmp_path):
 # ------------------------------------------------------------------ 2. mismatched SAEs
 
 
+@pytest.mark.parametrize("command, options, table", [("circuits", CIRCUITS, "interactions"),
+                                                      ("verdicts", VERDICTS, "gate_verdicts")])
 @pytest.mark.parametrize("sae_in, sae_out", [
     ("layer1_resid_mid", "layer1_mlp_out"),  # another layer's SAEs
     ("layer0_mlp_out", "layer0_resid_mid"),  # swapped
     ("layer0_mlp_out", "layer0_mlp_out"),  # an output SAE as the input
 ])
-def test_mismatched_saes_are_refused(run, tmp_path, capsys, sae_in, sae_out):
-    err = _error(capsys, ["circuits", "--out", str(tmp_path), "--corpus", str(run / "corpus"),
+def test_mismatched_saes_are_refused(run, tmp_path, capsys, sae_in, sae_out, command, options, table):
+    err = _error(capsys, [command, "--out", str(tmp_path), "--corpus", str(run / "corpus"),
                           "--model", str(run / "lm"), "--layer", "0",
                           "--sae-in", str(run / "saes" / sae_in), "--sae-out", str(run / "saes" / sae_out),
-                          *CIRCUITS])
+                          *options])
     assert "hook" in err
-    assert not (tmp_path / "tables" / "interactions").exists()
+    assert not (tmp_path / "tables" / table).exists()
 
 
 def test_hookless_sae_needs_an_explicit_override(run, tmp_path, capsys):
@@ -163,6 +167,10 @@ def test_inf_in_model_weights_is_refused(run, tmp_path, capsys):
     (["features", "--rows", "0"], "rows"),
     (["circuits", "--corr-rows", "0"], "corr-rows"),
     (["circuits", "--corr-rows", "-1"], "corr-rows"),
+    (["verdicts", "--rows", "0"], "rows"),
+    (["verdicts", "--n-ablate", "-1"], "n-ablate"),
+    (["verdicts", "--min-cosine", "2"], "min-cosine"),
+    (["verdicts", "--groups", "eigen,nonsense"], "groups"),
     (["train-lm", "--train-tokens", "-5"], "train-tokens"),
     (["train-lm", "--vocab-size", "0"], "vocab-size"),
     (["corpus", "--n-stories", "0"], "n-stories"),
@@ -186,6 +194,10 @@ def test_a_run_is_reused_whatever_its_path_is_spelled(run, tmp_path, capsys, mon
     assert "none, all up to date" in capsys.readouterr().out
     _ok(["circuits", "--out", str(copy.resolve()), *CIRCUITS])
     assert "none, all up to date" in capsys.readouterr().out
+    verdicts = sorted((copy / "tables" / "gate_verdicts").rglob("*.parquet"))
+    before = {p: p.stat().st_mtime_ns for p in verdicts}
+    _ok(["verdicts", "--out", "moved", *VERDICTS])
+    assert verdicts and {p: p.stat().st_mtime_ns for p in verdicts} == before
 
 
 def test_a_failed_train_lm_does_not_pin_the_run_to_its_corpus(tmp_path, capsys):
@@ -387,6 +399,7 @@ def test_every_progress_bar_finishes(run, tmp_path, capsys):
     shutil.copytree(run, report)
     capsys.readouterr()
     _ok(["train-saes", "--out", str(retrain), "--train-tokens", "20480", "--k", "4"])
+    _ok(["verdicts", "--out", str(report), *VERDICTS, "--n-ablate", "1"])  # another recipe: computed again
     _ok(["report", "--out", str(report)])
     bars = _bars(capsys.readouterr().err)
     assert "report" in bars and any(name.startswith("train") for name in bars), bars
@@ -398,11 +411,12 @@ def test_help_texts_state_what_the_defaults_are(capsys):
     import pipelines.cli as cli
 
     helps = {}
-    for command in ("train-lm", "circuits"):
+    for command in ("train-lm", "circuits", "verdicts"):
         assert cli.main([command, "--help"]) == 0
         helps[command] = " ".join(capsys.readouterr().out.split())
     assert "per output feature and kind" in helps["circuits"]
     assert "default: 4000000" in helps["train-lm"]
+    assert "ablated in the model (plus each layer's best negation gate of each kind) (default: 8)" in helps["verdicts"]
 
 
 def test_usage_errors_do_not_load_the_model(run, monkeypatch, capsys):
@@ -414,6 +428,8 @@ def test_usage_errors_do_not_load_the_model(run, monkeypatch, capsys):
     monkeypatch.setattr(model_module, "load_model", no_loading)
     _error(capsys, ["circuits", "--out", str(run), "--corr-rows", "0"])
     _error(capsys, ["circuits", "--out", str(run), "--layers", "7"])
+    _error(capsys, ["verdicts", "--out", str(run), "--n-ablate", "-1"])
+    _error(capsys, ["verdicts", "--out", str(run), "--layers", "7"])
 
 
 def test_no_stale_design_references():

@@ -273,3 +273,20 @@ def test_sae_lens_loads_ours_and_encodes_identically(tmp_path):
         assert torch.equal(loaded.encode(x), sae.dense(values, indices))
         # sae-lens decodes with a dense product, ours sums k rows: equal up to rounding
         torch.testing.assert_close(loaded.decode(loaded.encode(x)), sae.decode(values, indices))
+
+
+def test_each_point_is_seeded_by_itself_not_by_its_place_among_the_points():
+    from sae.config import SAETrainConfig
+    from sae.train import build_trainers
+
+    cfg = SAETrainConfig(k=4, train_tokens=4096, batch_size=256).resolve(16)
+    every = build_trainers([(0, "resid_mid"), (0, "mlp_out"), (1, "mlp_in"), (1, "mlp_out")], 16, cfg, "cpu")
+    alone = build_trainers([(1, "mlp_out")], 16, cfg, "cpu")
+    reordered = build_trainers([(1, "mlp_out"), (0, "resid_mid")], 16, cfg, "cpu")
+    start = lambda trainers, point: trainers[point].sae.W_dec.detach()  # noqa: E731
+    assert torch.equal(start(every, (1, "mlp_out")), start(alone, (1, "mlp_out")))
+    assert torch.equal(start(every, (0, "resid_mid")), start(reordered, (0, "resid_mid")))
+    starts = [start(every, p) for p in every]  # and no two points start alike
+    assert all(not torch.equal(starts[i], starts[j]) for i in range(4) for j in range(i + 1, 4))
+    other_seed = build_trainers([(1, "mlp_out")], 16, cfg.replace(seed=1), "cpu")
+    assert not torch.equal(start(other_seed, (1, "mlp_out")), start(alone, (1, "mlp_out")))
