@@ -9,7 +9,7 @@ export WANDB_MODE=disabled
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]' torch==2.13.0
+	$(PIP) install -q -e '.[test,ray]' torch==2.13.0
 
 demo: install
 	python3 -m pipelines demo

@@ -1,0 +1,150 @@
+"""A stage's tasks on a Ray cluster (`--ray [ADDRESS]`): the one place that imports Ray.
+
+Each task runs `work(inputs, unit)` in a Ray worker that reopens the run's inputs (model,
+token store) from their folders, so every worker must see the run directory at the same
+path: it must lie on storage every worker shares. The driver leaves a marker file in the
+run directory before it submits anything, and a worker that cannot see it refuses the task
+with a message saying so. The driver holds the run's lock for the whole command; its
+workers write under the run without taking the lock (they are the lock holder's hands), and
+every other command is refused as usual.
+
+A task that fails (an error, or its worker killed) is retried by Ray up to `RETRIES` times;
+after that the command stops with the task's name, host and error. Whatever finished
+before is kept: every task writes its outputs atomically with their stamps, so running the
+command again does only what is left. The driver shows one progress bar: tasks done and
+tokens per second, from the tokens the tasks report as they go.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+RETRIES = 2  # times Ray reruns a task whose worker died or that raised
+MARKER = ".ray-driver-{}"  # in the run directory: a worker that cannot see it cannot see the run
+
+
+class RayUnavailableError(ValueError):
+    """`--ray` was given but Ray is not installed."""
+
+
+class TaskFailed(RuntimeError):
+    """A task failed on a worker: which task, on which host, and why."""
+
+    def __init__(self, stage: str, task: str, host: str, error: str):
+        super().__init__(stage, task, host, error)
+        self.stage, self.task, self.host, self.error = stage, task, host, error
+
+    def __str__(self) -> str:
+        return f"{self.stage}: task '{self.task}' failed on worker {self.host}: {self.error}"
+
+
+def import_ray():
+    """Ray, or a RayUnavailableError that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailableError("--ray needs Ray, which is not installed: pip install 'bilinear-circuits[ray]' "
+                                  "(or pip install 'ray>=2.9'), or leave out --ray to run here") from None
+    return ray
+
+
+def connect(runtime) -> object:
+    """Ray, connected: to the cluster at `runtime.ray`, or a local runtime of `workers` tasks."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        env = {"env_vars": {"TQDM_DISABLE": "1"}}  # the driver's bar is the one display
+        if runtime.ray == "local":
+            # "local": a runtime of its own, never a cluster that `ray start` left running here
+            ray.init(address="local", num_cpus=runtime.workers * runtime.threads, include_dashboard=False,
+                     log_to_driver=False, runtime_env=env, configure_logging=False)
+        else:
+            ray.init(address=runtime.ray, log_to_driver=False, runtime_env=env, configure_logging=False)
+    return ray
+
+
+def run_on_ray(runtime, work, inputs, tasks: list, stage: str) -> list:
+    """`[work(inputs, task.unit) for task in tasks]` as Ray tasks, `runtime.workers` at a time."""
+    ray = connect(runtime)
+    run_root = Path(inputs.run.root).resolve()
+    marker = run_root / MARKER.format(uuid.uuid4().hex[:12])
+    marker.write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
+    progress = ray.remote(_Progress).options(num_cpus=0).remote()
+    remote = ray.remote(_run_task)
+    folders = {**inputs.folders(), "run": str(run_root)}
+    started = time.perf_counter()
+    bar = tqdm(total=len(tasks), desc=f"{stage} on Ray ({runtime.workers} workers)", unit="task")
+    results: dict[int, object] = {}
+    try:
+        pending = {}
+        queue = list(enumerate(tasks))
+        while queue or pending:
+            while queue and len(pending) < runtime.workers:
+                index, task = queue.pop(0)
+                options = dict(num_cpus=runtime.threads, max_retries=RETRIES, retry_exceptions=True)
+                if task.gpus:
+                    options["num_gpus"] = task.gpus
+                ref = remote.options(**options).remote(work, folders, str(marker), runtime.device, runtime.threads,
+                                                       task, stage, progress)
+                pending[ref] = index
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            tokens = ray.get(progress.total.remote())
+            bar.set_postfix(tok_s=f"{tokens / max(time.perf_counter() - started, 1e-9):,.0f}")
+            for ref in done:
+                index = pending.pop(ref)
+                results[index] = _result(ray, ref, tasks[index], stage)
+                bar.update(1)
+    finally:
+        bar.close()
+        marker.unlink(missing_ok=True)
+    return [results[i] for i in range(len(tasks))]
+
+
+def _result(ray, ref, task, stage: str):
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as error:
+        cause = error.as_instanceof_cause()
+        if isinstance(cause, TaskFailed):
+            raise TaskFailed(cause.stage, cause.task, cause.host, cause.error) from None
+        raise TaskFailed(stage, task.name, "?", str(error).splitlines()[-1]) from None
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as error:
+        raise TaskFailed(stage, task.name, "?", f"its worker died {RETRIES + 1} times ({type(error).__name__})") from None
+
+
+class _Progress:
+    """Tokens processed by every task so far (a Ray actor the tasks report to)."""
+
+    def __init__(self):
+        self.tokens = 0
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def total(self) -> int:
+        return self.tokens
+
+
+def _run_task(work, folders: dict, marker: str, device: str, threads: int, task, stage: str, progress):
+    """One task on a worker: check the run is visible here, reopen the inputs, do the work."""
+    from pipelines.inputs import StageInputs
+    from pipelines.runtime import Runtime
+
+    host = f"{socket.gethostname()} (pid {os.getpid()})"
+    try:
+        if not Path(marker).is_file():
+            raise FileNotFoundError(
+                f"the run directory {folders['run']} is not visible here as it is to the driver: with --ray the run "
+                "directory must be on storage every worker shares, at the same path")
+        inputs = StageInputs.reopen(folders, device, report=lambda n: progress.add.remote(n))
+        with Runtime(threads=threads, device=device).torch_threads():
+            return work(inputs, task.unit)
+    except Exception as error:  # noqa: BLE001 - every error goes back named with its task and host
+        last = traceback.format_exception_only(type(error), error)[-1].strip()
+        raise TaskFailed(stage, task.name, host, last) from error
