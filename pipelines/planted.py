@@ -1,0 +1,314 @@
+"""A planted-circuit world: a one-layer bilinear LM whose gates, and the input groups they
+join, are known, for scoring what the toolkit finds (`benchmarks/bench_planted_circuits.py`
+and `tests/test_planted_circuits.py`).
+
+Every token id carries a fixed sparse code over `n_inputs` input features, written into its
+embedding along random unit directions (`n_inputs > d_model`: superposition); attention is
+switched off (`W_O = 0`), so resid_mid is the token's embedding, and the MLP reads it
+through its RMS norm (the per-token factor the toolkit accounts for). The MLP holds one
+hidden unit per planted output (two for an OR):
+
+- AND between groups: `(sum_{a in A} d_a . x) (sum_{b in B} d_b . x)`; A's members are
+  alternatives (one cue of several), B's come together or alone (features of one context);
+- AND between two single inputs: `(d_a . x) (d_b . x)`;
+- OR: `(d_a . x)^2 + (d_b . x)^2`, either input suffices;
+- XOR: `((d_a - d_b) . x)^2`, one input without the other;
+- split concepts: one concept written as two latents with near-parallel directions, nearly
+  always active together on one frequent token, read as `((d_a + d_b) . x)^2`;
+
+plus distractor inputs active at random and distractor outputs (squares of single
+distractors), in superposition with all the rest. The input SAE is the planted dictionary
+(its encoder the decoder's transpose, but for the two latents of a split concept, which tell
+each other apart as a trained SAE's would; a threshold and a top-k); the output SAE reads
+each output along its own direction. Label channels mark the tokens where each group AND's cues
+(`cue1`, ...) and context (`context1`, ...) are present, so label groups can be formed too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tokenizers import Tokenizer, models
+
+from circuits.config import Config, option
+from circuits.weights import SAEWeights
+from pipelines.data.tokens import TokenRows
+from pipelines.inputs import LayerSAEs
+from pipelines.lm.model import ModelConfig, build_model
+from sae.io import LoadedSAE
+
+
+@dataclass(frozen=True)
+class PlantedConfig(Config):
+    """The planted world's size."""
+
+    d_model: int = option(64, "residual width", low=16)
+    n_inputs: int = option(96, "input features (more than d_model: superposition)", low=24)
+    vocab: int = option(1024, "token ids, each with a fixed code", low=64)
+    n_ctx: int = option(32, "tokens per row", low=4)
+    rows: int = option(512, "rows of tokens", low=8)
+    distractor_outputs: int = option(6, "outputs that square a single distractor input", low=0)
+    p_distractor: float = option(0.05, "chance a distractor input is active on a token", low=0.0, high=1.0)
+    seed: int = option(0, "seeds the dictionary, the codes and the tokens")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A planted output: what it computes from which inputs."""
+
+    name: str
+    kind: str  # and | or | xor | split | distractor
+    output: int
+    side_a: tuple[int, ...]
+    side_b: tuple[int, ...]
+
+    @property
+    def is_and(self) -> bool:
+        return self.kind == "and"
+
+
+@dataclass
+class PlantedWorld:
+    model: object  # a HookedTransformer
+    saes: LayerSAEs
+    rows: TokenRows
+    tokenizer: Tokenizer
+    classes: dict[str, list[str]]
+    gates: list[Gate]
+
+
+# the planted structure: (name, kind, size of side a, size of side b)
+STRUCTURE = [("group AND 1", "and", 3, 3), ("group AND 2", "and", 2, 4), ("pair AND 1", "and", 1, 1),
+             ("pair AND 2", "and", 1, 1), ("OR", "or", 1, 1), ("XOR", "xor", 1, 1), ("split 1", "split", 1, 1),
+             ("split 2", "split", 1, 1)]
+SPLIT_TOKENS = 3  # per split concept: its frequent token (both latents), and one rare token per latent
+
+
+def build_world(cfg: PlantedConfig) -> PlantedWorld:
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    d, n_in = cfg.d_model, cfg.n_inputs
+    gates, next_input = [], 0
+    for output, (name, kind, n_a, n_b) in enumerate(STRUCTURE):
+        side_a = tuple(range(next_input, next_input + n_a))
+        side_b = tuple(range(next_input + n_a, next_input + n_a + n_b))
+        next_input += n_a + n_b
+        gates.append(Gate(name, kind, output, side_a, side_b))
+    distractors = list(range(next_input, n_in))
+    if len(distractors) < cfg.distractor_outputs:
+        raise ValueError(f"{n_in} inputs leave too few distractors for {cfg.distractor_outputs} distractor outputs")
+    for i in range(cfg.distractor_outputs):
+        gates.append(Gate(f"distractor {i + 1}", "distractor", len(STRUCTURE) + i, (distractors[i],), ()))
+
+    # the dictionary: random unit directions; the two latents of a split concept near-parallel,
+    # in a plane of their own (as a trained SAE gives a frequent concept room)
+    D = torch.randn(n_in, d, generator=gen, dtype=torch.float64)
+    concepts = [(g.side_a[0], g.side_b[0]) for g in gates if g.kind == "split"]
+    planes = torch.linalg.qr(torch.randn(d, 2 * len(concepts), generator=gen, dtype=torch.float64))[0]
+    rest = [i for i in range(n_in) if all(i not in pair for pair in concepts)]
+    D[rest] -= (D[rest] @ planes) @ planes.T
+    for i, (a, b) in enumerate(concepts):
+        D[a], D[b] = planes[:, 2 * i], 0.8 * planes[:, 2 * i] + 0.6 * planes[:, 2 * i + 1]
+    D = D / D.norm(dim=1, keepdim=True)
+
+    codes = _codes(cfg, gates, distractors, rng)  # [vocab, n_in]
+    embed = torch.from_numpy(codes) @ D
+
+    n_out = len(gates)
+    U = torch.linalg.qr(torch.randn(d, n_out, generator=gen, dtype=torch.float64))[0].T  # [n_out, d] orthonormal
+    gate_in, gate_gate = [], []
+    for g in gates:
+        read = lambda side: D[list(side)].sum(0)  # noqa: E731
+        if g.kind == "and":
+            gate_gate.append(read(g.side_a)), gate_in.append(read(g.side_b))
+        elif g.kind == "xor":
+            gate_gate.append(read(g.side_a) - read(g.side_b)), gate_in.append(read(g.side_a) - read(g.side_b))
+        else:  # a split concept, or a distractor: the square of what it reads
+            gate_gate.append(read(g.side_a + g.side_b)), gate_in.append(read(g.side_a + g.side_b))
+    units = [g.output for g in gates]
+    for g in gates:  # an OR: a second unit, so that either input alone gives its own square
+        if g.kind == "or":
+            gate_gate[g.output], gate_in[g.output] = D[g.side_a[0]], D[g.side_a[0]]
+            gate_gate.append(D[g.side_b[0]]), gate_in.append(D[g.side_b[0]])
+            units.append(g.output)
+    model = build_model(ModelConfig(n_layers=1, d_model=d, n_heads=2, d_mlp=len(units), n_ctx=cfg.n_ctx,
+                                    d_vocab=cfg.vocab, seed=cfg.seed)).eval()
+    with torch.no_grad():
+        state = model.state_dict()
+        state["embed.W_E"] = embed.float()
+        state["blocks.0.attn.W_O"] = torch.zeros_like(state["blocks.0.attn.W_O"])
+        state["blocks.0.attn.b_O"] = torch.zeros_like(state["blocks.0.attn.b_O"])
+        state["blocks.0.mlp.W_gate"] = torch.stack(gate_gate, 1).float()
+        state["blocks.0.mlp.W_in"] = torch.stack(gate_in, 1).float()
+        state["blocks.0.mlp.W_out"] = U[units].float()
+        state["blocks.0.mlp.b_in"] = torch.zeros(len(units))
+        state["blocks.0.mlp.b_out"] = torch.zeros(d)
+        model.load_state_dict(state)
+
+    max_active = int((codes != 0).sum(1).max())
+    encoder = D.clone()
+    for g in gates:  # a split concept's two latents tell each other apart, as a trained SAE's would
+        if g.kind == "split":
+            pair = [g.side_a[0], g.side_b[0]]
+            encoder[pair] = torch.linalg.pinv(D[pair]).T
+    sae_in = SAEWeights(W_enc=encoder.T.float().contiguous(), b_enc=torch.full((n_in,), -0.25), W_dec=D.float(),
+                        b_dec=torch.zeros(d), k=max_active)
+    sae_out = SAEWeights(W_enc=U.T.float().contiguous(), b_enc=torch.full((n_out,), -0.05), W_dec=U.float(),
+                         b_dec=torch.zeros(d))
+    saes = LayerSAEs(0, LoadedSAE(sae_in, None, "planted", (0, "resid_mid")), "resid_mid",
+                     LoadedSAE(sae_out, None, "planted", (0, "mlp_out")))
+    tokens = _tokens(cfg, gates, rng)
+    labels = _labels(tokens, codes, gates)
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab)}, unk_token="t0"))
+    rows = TokenRows(tokens, np.arange(cfg.rows), labels, None)
+    return PlantedWorld(model, saes, rows, tokenizer, {c: [c] for c in labels}, gates)
+
+
+def _codes(cfg: PlantedConfig, gates: list[Gate], distractors: list[int], rng) -> np.ndarray:
+    """The code of every token id `[vocab, n_inputs]`: which inputs it carries, how strongly."""
+    codes = np.zeros((cfg.vocab, cfg.n_inputs))
+    value = lambda n: rng.uniform(0.6, 1.2, n)  # noqa: E731
+    split_token = _split_tokens(gates)
+    for t in range(cfg.vocab):
+        if t in split_token:
+            g, which = split_token[t]
+            a, b = g.side_a[0], g.side_b[0]
+            codes[t, [a, b] if which == 0 else [a] if which == 1 else [b]] = value(2 if which == 0 else 1)
+            continue
+        for g in gates:
+            if g.kind == "and" and len(g.side_a) > 1:  # cues: at most one of them; a context: some of its features
+                if rng.random() < 0.3:
+                    codes[t, rng.choice(g.side_a)] = value(1)[0]
+                if rng.random() < 0.35:
+                    members = [m for m in g.side_b if rng.random() < 0.6] or [rng.choice(g.side_b)]
+                    codes[t, members] = value(len(members))
+            elif g.kind in ("and", "or", "xor"):
+                for m in g.side_a + g.side_b:
+                    if rng.random() < 0.35:
+                        codes[t, m] = value(1)[0]
+        on = [m for m in distractors if rng.random() < cfg.p_distractor]
+        codes[t, on] = value(len(on))
+    return codes
+
+
+def _split_tokens(gates: list[Gate]) -> dict[int, tuple[Gate, int]]:
+    """Token ids of the split concepts: per concept its frequent token (both latents, 0) and
+    a rare token for each latent alone (1, 2). Ids start at 1."""
+    found, t = {}, 1
+    for g in gates:
+        if g.kind == "split":
+            for which in range(SPLIT_TOKENS):
+                found[t] = (g, which)
+                t += 1
+    return found
+
+
+def _tokens(cfg: PlantedConfig, gates: list[Gate], rng) -> np.ndarray:
+    """Rows of token ids: each split concept's frequent token 5% of the time, its rare ones
+    1% each, every other id alike."""
+    split = _split_tokens(gates)
+    p = np.ones(cfg.vocab)
+    p[0] = 0.0
+    for t, (_, which) in split.items():
+        p[t] = 0.0
+    rest = 1.0 - sum(0.05 if which == 0 else 0.01 for _, which in split.values())
+    p = p / p.sum() * rest
+    for t, (_, which) in split.items():
+        p[t] = 0.05 if which == 0 else 0.01
+    return rng.choice(cfg.vocab, size=(cfg.rows, cfg.n_ctx), p=p).astype(np.int64)
+
+
+def _labels(tokens: np.ndarray, codes: np.ndarray, gates: list[Gate]) -> dict[str, np.ndarray]:
+    """Label channels `cue<i>` and `context<i>` of the i-th group AND: the tokens carrying one
+    of its cues, one of its context's features."""
+    on = codes != 0
+    labels = {}
+    for i, g in enumerate([g for g in gates if g.kind == "and" and len(g.side_a) > 1], start=1):
+        labels[f"cue{i}"] = on[:, list(g.side_a)].any(1)[tokens].astype(np.int8)
+        labels[f"context{i}"] = on[:, list(g.side_b)].any(1)[tokens].astype(np.int8)
+    return labels
+
+
+# ------------------------------------------------------------------ running the toolkit on it, and scoring
+
+
+def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
+    """Every table the circuits, features and verdicts stages would write for the world's
+    layer, from the same functions (`CircuitConfig`, `FeatureConfig`, `VerdictConfig`)."""
+    from circuits.layer import Outputs, analyse_layer
+    from circuits.weights import from_hooked_transformer
+    from pipelines.analysis.features import feature_tables
+    from pipelines.analysis.judge import CIRCUIT_READS, judge_layer
+    from pipelines.analysis.verdicts import InputFacts
+    from pipelines.inputs import layer_batches
+
+    model, saes, rows = world.model, world.saes, world.rows
+    sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
+    tables = analyse_layer(from_hooked_transformer(model, 0), sae_in, Outputs("sae", sae_out.W_enc.T, sae=sae_out),
+                           layer_batches(model, rows, len(rows), saes), circuits, 0)
+    described, _ = feature_tables(model, world.tokenizer, rows, {(0, "resid_mid"): sae_in, (0, "mlp_out"): sae_out},
+                                  features, world.classes, {}, None)
+    facts = InputFacts.of(described, 0, "resid_mid")
+    judged = judge_layer(model, saes, rows, {name: tables[name] for name in CIRCUIT_READS}, facts, False, {}, verdicts)
+    return {**tables, **judged, "features": described}
+
+
+def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
+    """Per planted output, what the toolkit made of it; and the recovery figures: precision and
+    recall of the planted ANDs among the k best candidates by circuit_rank (k = the number of
+    planted ANDs), for pairs and for group gates, whether every split concept ranks after
+    every other candidate, and whether the ablations confirm every planted AND and reject
+    every planted OR, XOR and split concept."""
+    verdicts = tables["gate_verdicts"]
+    ands = [g for g in world.gates if g.is_and]
+    k = len(ands)
+    rows, summary = [], {"planted ANDs": k}
+    by_output = {g.output: g for g in world.gates}
+    for kind in ("pair", "group"):
+        mine = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank")
+        for n in (k, 2 * k):
+            top = mine.head(n)
+            correct = sum(g is not None and g.is_and and _matches(g, r.members_a, r.members_b)
+                          for g, r in zip((by_output.get(int(r.out_feature)) for r in top.itertuples()), top.itertuples()))
+            summary[f"{kind}s: precision in top {n}"] = correct / n
+            summary[f"{kind}s: recall in top {n}"] = correct / k
+        concepts = [set(g.side_a + g.side_b) for g in world.gates if g.kind == "split"]
+        ranked_as_gates = [r for r in mine.head(2 * k).itertuples() if not r.split_pair
+                           and any(c <= set(r.members_a) | set(r.members_b) for c in concepts)]
+        summary[f"{kind}s: no split concept among the top {2 * k} as a gate"] = not ranked_as_gates
+    for g in world.gates:
+        if g.kind == "distractor":
+            continue
+        row = {"planted": g.name, "kind": g.kind, "output": g.output,
+               "side a": list(g.side_a), "side b": list(g.side_b)}
+        for kind in ("pair", "group"):
+            mine = verdicts[(verdicts["kind"] == kind) & (verdicts["out_feature"] == g.output)]
+            if mine.empty:
+                row.update({f"{kind} found": "-", f"{kind} rank": None, f"{kind} AND": None})
+                continue
+            r = mine.iloc[0]
+            sides = f"{list(r.members_a)} x {list(r.members_b)}"
+            row.update({f"{kind} found": sides + (" (split)" if r.split_pair else ""),
+                        f"{kind} rank": int(r.circuit_rank), f"{kind} AND": bool(r.is_and),
+                        f"{kind} keeps a/b": f"{_keeps(r.drop_a)}/{_keeps(r.drop_b)}"})
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    planted_ands = frame[frame["kind"] == "and"]
+    others = frame[frame["kind"] != "and"]
+    summary["group ablation confirms every planted AND"] = bool(planted_ands["group AND"].fillna(False).all())
+    summary["group ablation rejects every planted OR, XOR and split"] = not bool(others["group AND"].fillna(False).any())
+    summary["pair ablation rejects every planted OR, XOR and split"] = not bool(others["pair AND"].fillna(False).any())
+    return frame, summary
+
+
+def _matches(gate: Gate, side_a, side_b) -> bool:
+    """The found sides cover the planted ones without mixing them (either order)."""
+    x, y, a, b = set(side_a), set(side_b), set(gate.side_a), set(gate.side_b)
+    return any(p & a and q & b and not p & b and not q & a for p, q in ((x, y), (y, x)))
+
+
+def _keeps(drop) -> str:
+    return "-" if drop is None or drop != drop else f"{1 - drop:.0%}"
