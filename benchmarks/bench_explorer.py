@@ -6,8 +6,9 @@ Builds `RUN/explorer/` (timed), sums its size, then opens it from the file syste
 Debian's headless Chromium through Playwright and prints each page's render time (from the
 document's start for a page opened by its address, from the link for a page reached by a link):
 an output feature opened first in a fresh browser profile (nothing cached), then the index,
-the output feature (`--feature LAYER:F`, default the best gate of the last layer), one of its
-input features and its layer. With `--shots` it saves screenshots of each page there.
+the output feature (`--feature LAYER:F`, default the last layer's best circuit candidate pair
+from gate_verdicts), one of its input features and its layer. With `--shots` it saves
+screenshots of each page there.
 """
 
 from __future__ import annotations
@@ -25,9 +26,37 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
+def pick_feature(run, wanted: str | None) -> tuple[int, int, int]:
+    """(layer, output feature, one of its inputs) of the output feature page to open:
+    `wanted` (LAYER:FEATURE), else the last layer's best circuit candidate pair (gate_verdicts;
+    without the verdicts stage, the gates table's layer rank 1)."""
+    from pipelines import schemas
+
+    verdicts = schemas.select(schemas.read(run.tables, "gate_verdicts"))
+    pairs = verdicts[verdicts["kind"] == "pair"] if verdicts is not None else None
+    gates = schemas.select(schemas.read(run.tables, "gates"))
+    if wanted:
+        layer, feature = map(int, wanted.split(":"))
+        for frame, rank in ((pairs, None), (gates, "data_rank")):
+            if frame is None:
+                continue
+            mine = frame[(frame["layer"] == layer) & (frame["out_feature"] == feature)]
+            if rank is not None:
+                mine = mine[mine[rank].eq(1).fillna(False).astype(bool)]
+            if len(mine):
+                return layer, feature, int(mine["in_a"].iloc[0])
+        return layer, feature, 0
+    if pairs is not None and len(pairs):
+        row = pairs[pairs["circuit_rank"] == 1].sort_values("layer").iloc[-1]
+    elif gates is not None:
+        row = gates[gates["layer_rank"].eq(1).fillna(False).astype(bool)].sort_values("layer").iloc[-1]
+    else:
+        raise SystemExit(f"{run.tables}: neither gate_verdicts nor gates: run the circuits and verdicts stages first")
+    return int(row["layer"]), int(row["out_feature"]), int(row["in_a"])
+
+
 def main() -> None:
     from pipelines.engine.paths import RunPaths
-    from pipelines.engine.tables import read_table
     from pipelines.explorer.site import write_explorer
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,14 +73,7 @@ def main() -> None:
     print(f"built {index} in {build:.1f} s; {size / 2**20:.1f} MB in "
           f"{sum(1 for p in run.explorer.rglob('*') if p.is_file())} files")
 
-    gates = read_table(run.tables, "gates")
-    gates = gates[(gates["outputs"] == "sae") & (gates["input_site"] == "resid_mid")]
-    if args.feature:
-        layer, feature = map(int, args.feature.split(":"))
-        row = gates[(gates["layer"] == layer) & (gates["out_feature"] == feature) & (gates["data_rank"] == 1)].iloc[0]
-    else:
-        row = gates[gates["layer_rank"] == 1].sort_values("layer").iloc[-1]
-    layer, feature, a = int(row["layer"]), int(row["out_feature"]), int(row["in_a"])
+    layer, feature, a = pick_feature(run, args.feature)
 
     from playwright.sync_api import sync_playwright
 
@@ -100,6 +122,7 @@ def main() -> None:
         context.close()
     for profile in profiles:
         shutil.rmtree(profile, ignore_errors=True)
+
 
 if __name__ == "__main__":
     main()

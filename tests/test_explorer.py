@@ -1,6 +1,8 @@
-"""The interactive explorer: its data round-trips the tables, missing tables leave marked
-sections, table text is escaped, and (slow, with Chromium and Playwright) the site works in a
-real browser opened from the file system."""
+"""The interactive explorer: its data round-trips every table it reads (the registry's columns,
+in the registry's order), the index's summary numbers come from gate_verdicts, missing
+tables leave marked sections, table text is escaped, and (with Chromium and Playwright) the
+site works in a real browser opened from the file system: on a synthetic run with planted
+text everywhere, and (slow) on the small demo."""
 
 from __future__ import annotations
 
@@ -21,111 +23,280 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from circuits.tables import SCHEMAS
-from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA
+from pipelines import schemas
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.tables import read_table, write_table
 from pipelines.explorer import data as xdata
 from pipelines.explorer.site import make_server, plotly_bundle, serve, write_explorer
+from pipelines.schemas import TABLES
 
 PLANTED = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> & \'quoted\''
 PLANTED_CONTEXT = 'she said <b>no</b> and [<script>] \u2028 left'
 REL = 10 ** -(xdata.DIGITS - 1) / 2  # 4 significant digits: relative error at most 5e-4
 
+# what the data files are, and the columns each leaves out of its tables (the rest of the
+# registry's columns are exported, in the registry's order)
+FILES = {
+    "circuits": ("interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "group_gates",
+                 "group_truth", "gate_ablation", "group_ablation"),
+    "verdicts": ("gate_verdicts",),
+    "samples": ("lowrank_samples",),
+}
+PER_LAYER = ("layer", "outputs", "input_site")
+LEFT_OUT = {"gate_verdicts": PER_LAYER + ("out_description", "a_description", "b_description"),
+            "features": ("layer",), "feature_labels": ("layer", "lift")}
+N_TRUTH, N_ABLATE = 4, 2  # candidates per layer with a truth table (gate_truth), ablated per kind
+CELLS = ("on_on", "on_off", "off_on", "off_off")
+ABLATION_NUMBERS = ("activation_before", "activation_after", "pre_before", "pre_after", "pre_change_predicted",
+                    "logprob_before", "logprob_after")
+SHARES = ("share_a", "share_b", "share_other", "share_bias", "share_error")
+
+
+def exported_columns(name: str) -> list[str]:
+    drop = LEFT_OUT.get(name, PER_LAYER)
+    return [c for c in TABLES[name].names if c not in drop]
+
 
 # ------------------------------------------------------------------ a synthetic run
 
 
+def _ranks(frame: pd.DataFrame, by: list[str], ascending: list[bool]) -> pd.Series:
+    """1-based ranks of the rows of `frame` in the order `by` (Int64, on frame's index)."""
+    order = frame.sort_values(by, ascending=ascending, kind="stable").index
+    return pd.Series(np.arange(1, len(order) + 1), index=order).reindex(frame.index).astype("Int64")
+
+
+def _ablations(rng, chosen: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Three ablations (a, b, both) of each chosen candidate, as the verdicts stage writes them."""
+    rows = []
+    for r in chosen.to_dict("records"):
+        before = float(rng.uniform(1, 3))
+        shares = dict(zip(SHARES, rng.dirichlet(np.ones(len(SHARES))).tolist()))
+        n = int(rng.integers(10, 60))
+        for ablated, keep in (("a", rng.uniform(0.0, 0.9)), ("b", rng.uniform(0.0, 0.9)), ("both", 0.0)):
+            rows.append({"out_feature": r["out_feature"], **{k: r[k] for k in keys}, "ablated": ablated, "n_tokens": n,
+                         "activation_before": before, "activation_after": before * float(keep),
+                         "pre_before": before, "pre_after": before * float(keep) - 0.1,
+                         "pre_change_predicted": -before * (1 - float(keep)), "logprob_before": -5.0,
+                         "logprob_after": -5.0 - float(rng.random()), **shares})
+    return pd.DataFrame(rows, columns=["out_feature", *keys, "ablated", "n_tokens", *ABLATION_NUMBERS, *SHARES])
+
+
+def _verdict_columns(row: dict, ablation: pd.DataFrame, keys: list[str], text: str) -> dict:
+    """The judged columns of a gate_verdicts row: truth, ablation drops and shares, verdict."""
+    mine = ablation
+    for k in ["out_feature", *keys]:
+        mine = mine[mine[k] == row[k]]
+    both, apart = int(row["n_both"]), int(min(row["n_a_only"], row["n_b_only"]))
+    truth_and = bool(row["and_data"] >= 0.5)
+    truth = (f"needs both inputs (and_data {row['and_data']:.2f}){text}" if truth_and
+             else f"fires without both inputs (and_data {row['and_data']:.2f}): OR-like{text}")
+    out = {"both_tokens": both, "apart_tokens": apart, "truth": truth, "truth_and": truth_and}
+    if len(mine):
+        drop = {a: float((g["activation_before"] - g["activation_after"]).iloc[0] / g["activation_before"].iloc[0])
+                for a, g in mine.groupby("ablated")}
+        out.update(drop_a=drop["a"], drop_b=drop["b"], drop_both=drop["both"],
+                   ablation_tokens=int(mine["n_tokens"].iloc[0]), **{s: float(mine[s].iloc[0]) for s in SHARES})
+        is_and = truth_and and min(drop["a"], drop["b"]) >= 0.5
+        verdict = "behaves as an AND gate" if is_and else (truth if not truth_and else
+                                                            "truth table says AND, but removing one side keeps most")
+    else:
+        out.update(drop_a=np.nan, drop_b=np.nan, drop_both=np.nan, ablation_tokens=None, **{s: np.nan for s in SHARES})
+        is_and = False
+        verdict = "truth table says AND; no ablation measured" if truth_and else truth
+    return {**out, "verdict": verdict + text, "is_and": is_and}
+
+
+def circuit_tables(rng, n_out: int, n_in: int, text: str = "") -> dict[str, pd.DataFrame]:
+    """The circuit and verdict tables of one layer and input site (their own columns; the
+    circuit keys are added on writing), consistent with each other as the stages write them."""
+    tables = {}
+    rows = []
+    for f in range(n_out):
+        for kind, n in (("self", 4), ("cross", 4), ("linear", 3), ("constant", 1)):
+            for rank in range(1, n + 1):
+                a = int(rng.integers(0, n_in))
+                b = {"self": a, "cross": int(rng.integers(0, n_in)), "linear": -1, "constant": -1}[kind]
+                rows.append({"out_feature": f, "rank": rank, "in_a": -1 if kind == "constant" else a, "in_b": b,
+                             "kind": kind, "coefficient": float(rng.normal(0, 0.1)) / rank})
+    tables["interactions"] = pd.DataFrame(rows)
+
+    # gates: three candidate pairs per output; outputs f % 5 == 4 have none seen together and apart
+    combos = [(a, b) for a in range(n_in) for b in range(a + 1, n_in)]
+    rows = []
+    for f in range(n_out):
+        for w, pick in enumerate(rng.choice(len(combos), 3, replace=False), start=1):
+            a, b = combos[pick]
+            share = float(rng.random())
+            and_data = float(rng.uniform(-0.2, 1.0)) if f % 5 != 4 and w < 3 else float("nan")
+            rows.append({"out_feature": f, "in_a": a, "in_b": b, "and_score": float(rng.normal()),
+                         "cross": float(rng.normal()), "self_a": float(rng.normal()), "self_b": float(rng.normal()),
+                         "weight_rank": w, "input_cosine": float(rng.uniform(-1, 1)), "n_active": 300.0 + f,
+                         "coactivation": float(rng.random()), "coactivation_lift": float(rng.uniform(0, 4)),
+                         "mean_contribution": float(rng.normal()), "contribution_share": share, "and_data": and_data,
+                         "n_both": float(rng.integers(0, 100)), "n_a_only": float(rng.integers(0, 100)),
+                         "n_b_only": float(rng.integers(0, 100)), "gate_score": share * and_data})
+    gates = pd.DataFrame(rows)
+    scored = gates[gates["gate_score"].notna()]
+    gates["data_rank"] = pd.Series(scored.groupby("out_feature")["gate_score"].rank(ascending=False, method="first"),
+                                   dtype="Int64").reindex(gates.index)
+    best = gates[gates["data_rank"] == 1]
+    gates["layer_rank"] = _ranks(best, ["gate_score"], [False]).reindex(gates.index)
+    tables["gates"] = gates
+    checked = gates[gates["layer_rank"] <= N_TRUTH]
+    tables["gate_truth"] = pd.concat([checked[["out_feature", "in_a", "in_b", "layer_rank"]].assign(
+        cell=c, n_tokens=100 + i, mean_activation=float(rng.random()) / (i + 1), active_share=0.5,
+        quantile_activation=2.0 - i / 4) for i, c in enumerate(CELLS)])
+
+    tables["eigen"] = pd.DataFrame([{"out_feature": f, "rank": r, "eigenvalue": float(rng.normal()),
+                                     "energy_share": float(rng.random()), "activation_share": float(rng.normal())}
+                                    for f in range(n_out) for r in range(1, 7)])
+    tables["eigen_inputs"] = pd.DataFrame([{"out_feature": f, "eigen_rank": e, "input_rank": i,
+                                            "in_feature": int(rng.integers(0, n_in)), "cosine": float(rng.normal())}
+                                           for f in range(n_out) for e in range(1, 3) for i in range(1, 4)])
+    tables["lowrank"] = pd.DataFrame([{"out_feature": f, "n_eigs": r, "n_active": 40 + f,
+                                       "corr_active": float("nan") if f == 0 else float(rng.random())}
+                                      for f in range(n_out) for r in range(1, 5)])
+    tables["lowrank_samples"] = pd.DataFrame([{"out_feature": f, "sample": t, "n_eigs": r,
+                                               "activation": float(rng.random()), "approx": float(rng.normal()),
+                                               "offset": 0.5} for f in range(n_out) for t in range(1, 4)
+                                              for r in range(1, 5)])
+
+    # the circuit candidate pair of each output: its best scored pair; split ones rank last
+    pairs = gates[gates["data_rank"] == 1].copy()
+    pairs["split_pair"] = pairs["out_feature"] % 4 == 2
+    pairs["circuit_rank"] = _ranks(pairs, ["split_pair", "gate_score", "out_feature"], [True, False, True])
+    pair_ablation = _ablations(rng, pairs[pairs["circuit_rank"] <= N_ABLATE], ["in_a", "in_b"])
+    tables["gate_ablation"] = pair_ablation
+
+    # group gates: an eigen split and a pair of label classes per output (none for f % 3 == 1),
+    # ids unique within the layer; the best scored one of each output ranked in the layer
+    rows, gid = [], 0
+    for f in range(n_out):
+        if f % 3 == 1:
+            continue
+        for source in ("eigen", "labels"):
+            members = [int(m) for m in rng.choice(n_in, int(rng.integers(4, 8)), replace=False)]
+            cut = int(rng.integers(1, len(members) - 1))
+            share = float(rng.random())
+            and_data = float("nan") if source == "labels" and f % 2 else float(rng.uniform(-0.2, 1.0))
+            split_share = float(rng.random()) if source == "eigen" else float("nan")
+            rows.append({"out_feature": f, "group_a": gid, "group_b": gid + 1, "source": source,
+                         "eigen_rank": 1 + f % 2 if source == "eigen" else None,
+                         "label_a": ("context=negative" + text) if source == "labels" else None,
+                         "label_b": ("context=positive" + text) if source == "labels" else
+                         (("negation" + text) if f % 2 == 0 else None),
+                         "members_a": members[:cut], "members_b": members[cut:], "n_active": 200 + f,
+                         "coactivation": float(rng.random()), "contribution_share": share, "and_data": and_data,
+                         "n_both": int(rng.integers(0, 90)), "n_a_only": int(rng.integers(0, 90)),
+                         "n_b_only": int(rng.integers(0, 90)), "gate_score": share * and_data,
+                         "split_share": split_share, "split_pair": bool(split_share >= 0.5)})
+            gid += 2
+    groups = pd.DataFrame(rows)
+    groups["eigen_rank"] = groups["eigen_rank"].astype("Int64")
+    scored = groups[groups["gate_score"].notna()].sort_values(["split_pair", "gate_score"], ascending=[True, False])
+    best = scored.drop_duplicates("out_feature")
+    groups["circuit_rank"] = _ranks(best, ["split_pair", "gate_score", "out_feature"],
+                                    [True, False, True]).reindex(groups.index)
+    tables["group_gates"] = groups
+    tables["group_truth"] = pd.concat([groups[["out_feature", "group_a", "group_b"]].assign(
+        cell=c, n_tokens=50 + i, mean_activation=float(rng.random()) / (i + 1), active_share=0.25)
+        for i, c in enumerate(CELLS)])
+    ranked = groups[groups["circuit_rank"].notna()]
+    group_ablation = _ablations(rng, ranked[ranked["circuit_rank"] <= N_ABLATE], ["group_a", "group_b"])
+    tables["group_ablation"] = group_ablation
+
+    # gate_verdicts: one row per output and kind
+    label = {i: ("negation" + text) if i % 3 == 0 else None for i in range(n_in)}
+    rows = []
+    for r in pairs.to_dict("records"):
+        a, b = int(r["in_a"]), int(r["in_b"])
+        rows.append({"out_feature": r["out_feature"], "kind": "pair", "circuit_rank": r["circuit_rank"], "in_a": a,
+                     "in_b": b, "group_a": None, "group_b": None, "members_a": [a], "members_b": [b],
+                     "label_a": label[a], "label_b": label[b],
+                     **{k: r[k] for k in ("gate_score", "contribution_share", "coactivation", "and_data",
+                                          "input_cosine", "coactivation_lift", "split_pair")},
+                     "same_top_token": bool(a % 2 == b % 2),
+                     **_verdict_columns(r, pair_ablation, ["in_a", "in_b"], text),
+                     "negation_gate": None if r["out_feature"] % 3 == 0 else bool(r["out_feature"] % 3 == 1),
+                     "out_description": f"out {r['out_feature']}{text}", "a_description": f"#{a}{text}",
+                     "b_description": f"#{b}{text}"})
+    for r in ranked.to_dict("records"):
+        rows.append({"out_feature": r["out_feature"], "kind": "group", "circuit_rank": r["circuit_rank"], "in_a": None,
+                     "in_b": None, "group_a": r["group_a"], "group_b": r["group_b"], "members_a": r["members_a"],
+                     "members_b": r["members_b"], "label_a": r["label_a"], "label_b": r["label_b"],
+                     **{k: r[k] for k in ("gate_score", "contribution_share", "coactivation", "and_data", "split_pair")},
+                     "same_top_token": None, "input_cosine": np.nan, "coactivation_lift": np.nan,
+                     **_verdict_columns(r, group_ablation, ["group_a", "group_b"], text),
+                     "negation_gate": bool(r["out_feature"] % 2 == 0),
+                     "out_description": f"out {r['out_feature']}{text}", "a_description": f"group a{text}",
+                     "b_description": f"group b{text}"})
+    verdicts = pd.DataFrame(rows)
+    for c in ("circuit_rank", "in_a", "in_b", "group_a", "group_b", "ablation_tokens"):
+        verdicts[c] = verdicts[c].astype("Int64")
+    tables["gate_verdicts"] = verdicts
+    return tables
+
+
 def synthetic_run(root: Path, layers=(0, 1), n_out: int = 12, n_in: int = 16, sites=("resid_mid",),
-                  skip=(), seed: int = 0) -> RunPaths:
-    """Circuit and feature tables of the shapes the stages write, with random numbers."""
+                  skip=(), seed: int = 0, text: str = "") -> RunPaths:
+    """Every table the explorer reads, written with the registry's schemas as the stages write
+    them, with random numbers (and `text` planted in every text column the pages show); also
+    rows of another output set (HOSVD components) that the explorer must leave out."""
     run = RunPaths(root)
     rng = np.random.default_rng(seed)
     for layer in layers:
         for site in sites:
-            part, keys = f"{site}-sae", {"outputs": "sae", "input_site": site}
-            tables = {}
-            rows = []
-            for f in range(n_out):
-                for kind, n in (("self", 4), ("cross", 4), ("linear", 3), ("constant", 1)):
-                    for rank in range(1, n + 1):
-                        a = int(rng.integers(0, n_in))
-                        b = {"self": a, "cross": int(rng.integers(0, n_in)), "linear": -1, "constant": -1}[kind]
-                        rows.append({"out_feature": f, "rank": rank, "in_a": -1 if kind == "constant" else a, "in_b": b,
-                                     "kind": kind, "coefficient": float(rng.normal(0, 0.1)) / rank})
-            tables["interactions"] = pd.DataFrame(rows)
-            rows = []
-            for f in range(n_out):
-                for w in range(1, 4):
-                    a = int(rng.integers(0, n_in - 1))
-                    rows.append({"out_feature": f, "in_a": a, "in_b": a + 1, "and_score": float(rng.normal()),
-                                 "cross": float(rng.normal()), "self_a": float(rng.normal()), "self_b": float(rng.normal()),
-                                 "weight_rank": w, "n_active": float(rng.integers(0, 300)), "coactivation": float(rng.random()),
-                                 "mean_contribution": float(rng.normal()), "contribution_share": float(rng.random()),
-                                 "and_data": float("nan") if w == 3 else float(rng.random()),
-                                 "data_rank": None if w == 3 else w, "layer_rank": f + 1 if w == 1 and f < n_out // 2 else None})
-            gates = pd.DataFrame(rows)
-            gates["data_rank"] = gates["data_rank"].astype("Int64")
-            gates["layer_rank"] = gates["layer_rank"].astype("Int64")
-            tables["gates"] = gates
-            best = gates[gates["layer_rank"].notna() & (gates["layer_rank"] <= 2)]
-            cells = ["on_on", "on_off", "off_on", "off_off"]
-            tables["gate_truth"] = pd.concat([best[["out_feature", "in_a", "in_b", "layer_rank"]].assign(
-                cell=c, n_tokens=100 + i, mean_activation=1.0 / (i + 1), active_share=0.5, quantile_activation=2.0)
-                for i, c in enumerate(cells)])
-            ablation = pd.concat([best[["out_feature", "in_a", "in_b", "layer_rank"]].assign(ablated=c) for c in ("a", "b", "both")])
-            for c in ("activation_before", "activation_after", "pre_before", "pre_after", "pre_change_predicted",
-                      "logprob_before", "logprob_after"):
-                ablation[c] = rng.normal(size=len(ablation))
-            tables["gate_ablation"] = ablation.assign(n_tokens=50)
-            tables["eigen"] = pd.DataFrame([{"out_feature": f, "rank": r, "eigenvalue": float(rng.normal()),
-                                             "energy_share": float(rng.random()), "activation_share": float(rng.normal())}
-                                            for f in range(n_out) for r in range(1, 7)])
-            tables["eigen_inputs"] = pd.DataFrame([{"out_feature": f, "eigen_rank": e, "input_rank": i,
-                                                    "in_feature": int(rng.integers(0, n_in)), "cosine": float(rng.normal())}
-                                                   for f in range(n_out) for e in range(1, 3) for i in range(1, 4)])
-            tables["lowrank"] = pd.DataFrame([{"out_feature": f, "n_eigs": r, "n_active": 40 + f,
-                                               "corr_active": float("nan") if f == 0 else float(rng.random())}
-                                              for f in range(n_out) for r in range(1, 5)])
-            tables["lowrank_samples"] = pd.DataFrame([{"out_feature": f, "sample": t, "n_eigs": r,
-                                                       "activation": float(rng.random()), "approx": float(rng.normal()),
-                                                       "offset": 0.5} for f in range(n_out) for t in range(1, 4)
-                                                      for r in range(1, 5)])
-            for name, df in tables.items():
-                if name in skip:
-                    continue
-                if name == "gate_ablation":  # the ablation stage leaves outputs and input_site empty
-                    df = df.assign(outputs=None, input_site=None)
-                else:
-                    df = df.assign(**keys)
-                write_table(df, run.tables, name, layer, SCHEMAS[name], part)
+            keys = {"outputs": "sae", "input_site": site}
+            for name, df in circuit_tables(rng, n_out, n_in, text).items():
+                if name not in skip:
+                    schemas.write(df.assign(**keys), run.tables, name, layer, part=f"{site}-sae")
+            # `--outputs hosvd`: its components are out_features of the circuit tables too
+            hosvd = {"outputs": "hosvd", "input_site": site}
+            other = circuit_tables(rng, n_out + 5, n_in + 3)
+            for name in ("interactions", "eigen", "lowrank"):
+                if name not in skip:
+                    schemas.write(other[name].assign(**hosvd), run.tables, name, layer, part=f"{site}-hosvd")
+            if "hosvd" not in skip:
+                values = np.sort(rng.random(6))[::-1] * 10
+                schemas.write(pd.DataFrame({"component": range(6), "singular_value": values, **hosvd}),
+                              run.tables, "hosvd", layer, part=f"{site}-hosvd")
         feats, labels = [], []
         for site, n in (("mlp_out", n_out), *((s, n_in) for s in sites)):
             for f in range(n):
                 feats.append({"site": site, "feature": f, "frequency": float(rng.random()) / 10,
                               "max_activation": float(rng.random() * 5), "mean_activation": float(rng.random()),
-                              "top_contexts": [f"the cat [sat{f}] on", f"a dog [ran] far {site}"], "top_documents": [1, 2],
-                              "top_tokens": [f"sat{f}", "ran"], "sample_contexts": [f"x [y] z{f}"], "sample_quantiles": [0.5],
-                              "top_token": f"sat{f}", "top_token_share": 0.4, "is_token_feature": False,
-                              "boosted_tokens": ["good", "happy"] if site == "mlp_out" else [],
-                              "suppressed_tokens": ["bad"] if site == "mlp_out" else [], "label": None, "label_share": None,
-                              "boost_label": None, "boost_sd": None, "description": f"{site} feature {f} on sat{f}"})
-                for cls in ("negative", "positive"):
-                    labels.append({"site": site, "feature": f, "channel": "context", "class": cls, "kind": "activation_share",
-                                   "value": float(rng.random()), "n_tokens": None})
-        features = pd.DataFrame(feats)
-        labels = pd.DataFrame(labels)
+                              "top_contexts": [f"the cat [sat{f}] on", f"a dog [ran] far {site}{text}"],
+                              "top_documents": [1, 2], "top_tokens": [f"sat{f}", "ran" + text],
+                              "sample_contexts": [f"x [y] z{f}{text}"], "sample_quantiles": [0.5],
+                              "top_token": f"sat{f}", "top_token_share": 0.4, "is_token_feature": f % 4 == 0,
+                              "boosted_tokens": ["good", "happy" + text] if site == "mlp_out" else [],
+                              "suppressed_tokens": ["bad" + text] if site == "mlp_out" else [],
+                              "label": ("negative" + text) if f % 2 else None, "label_share": 0.6 if f % 2 else None,
+                              "boost_label": ("positive" + text) if site == "mlp_out" and f % 3 == 0 else None,
+                              "boost_sd": 2.5 if site == "mlp_out" and f % 3 == 0 else None,
+                              "description": f"{site} feature {f} on sat{f}"})
+                for cls in ("negative", "positive" + text):
+                    labels.append({"site": site, "feature": f, "channel": "context" + text, "class": cls,
+                                   "kind": "activation_share", "value": float(rng.random()),
+                                   "lift": float(rng.uniform(0, 3)), "n_tokens": None})
+                if site == "mlp_out":
+                    labels.append({"site": site, "feature": f, "channel": "lexicon", "class": "positive" + text,
+                                   "kind": "logit_boost", "value": float(rng.normal()), "lift": None,
+                                   "n_tokens": int(rng.integers(1, 20))})
+        features, labels = pd.DataFrame(feats), pd.DataFrame(labels)
         for site in ("mlp_out", *sites):  # one part per site, as the features stage writes them
             if "features" not in skip:
-                write_table(features[features["site"] == site], run.tables, "features", layer, FEATURES_SCHEMA, part=site)
+                schemas.write(features[features["site"] == site], run.tables, "features", layer, part=site)
             if "feature_labels" not in skip:
-                write_table(labels[labels["site"] == site], run.tables, "feature_labels", layer, FEATURE_LABELS_SCHEMA,
-                            part=site)
+                schemas.write(labels[labels["site"] == site], run.tables, "feature_labels", layer, part=site)
         if "sae_metrics" not in skip:
             metrics = pd.DataFrame([{"site": s, "hook": f"blocks.{layer}.hook_{s}", "d_in": 8,
-                                     "d_sae": n_out if s == "mlp_out" else n_in, "k": 2, "nmse": 0.1, "l0": 2.0}
-                                    for s in ("mlp_out", *sites)])
-            write_table(metrics, run.tables, "sae_metrics", layer)
+                                     "d_sae": n_out if s == "mlp_out" else n_in, "k": 2, "train_tokens": 1000,
+                                     "eval_tokens": 100, "nmse": float(rng.random()), "l0": 2.0,
+                                     "dead_fraction": float(rng.random()), "loss_clean": 3.0, "loss_patched": 3.1,
+                                     "loss_added": 0.1 / 3} for s in ("mlp_out", *sites)])
+            schemas.write(metrics, run.tables, "sae_metrics", layer)
     return run
 
 
@@ -138,27 +309,77 @@ def plant(run: RunPaths, layer: int, site: str, feature: int, description: str =
     if context is not None:
         index = features.index[hit][0]
         features.at[index, "top_contexts"] = [context] + list(features.at[index, "top_contexts"])[1:]
-    rows = features[features["site"] == site]
-    write_table(rows, run.tables, "features", layer, FEATURES_SCHEMA, part=site)
+    schemas.write(features[features["site"] == site], run.tables, "features", layer, part=site)
+
+
+def plant_verdict(run: RunPaths, layer: int, site: str, out: int, verdict: str) -> None:
+    """Replace the verdict text of output `out`'s pair candidate in gate_verdicts."""
+    verdicts = schemas.select(read_table(run.tables, "gate_verdicts", [layer]), site)
+    hit = (verdicts["out_feature"] == out) & (verdicts["kind"] == "pair")
+    assert hit.sum() == 1
+    verdicts.loc[hit, "verdict"] = verdict
+    schemas.write(verdicts, run.tables, "gate_verdicts", layer, part=f"{site}-sae")
 
 
 def load_data(run: RunPaths, name: str):
     return xdata.parse_script((run.explorer / "data" / f"{name}.js").read_text(encoding="utf-8"))
 
 
+def source_table(run: RunPaths, name: str, layer: int, site: str | None = None) -> pd.DataFrame:
+    """Table `name`'s rows of one layer (and input site, output SAE) in the registry's order."""
+    df = read_table(run.tables, name, [layer])
+    if site is not None:
+        df = schemas.select(df, site)
+    return df.sort_values(list(TABLES[name].sort), kind="stable").reset_index(drop=True)
+
+
+def _expected(value):
+    """A table's value as the JSON data holds it (floats left unrounded)."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_expected(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return str(value)
+
+
+def assert_same(got, want, where) -> None:
+    """One exported value equals the table's: exactly, floats within the rounding, a null
+    list as []."""
+    want = _expected(want)
+    if isinstance(want, list) or (want is None and isinstance(got, list)):
+        want = want or []
+        assert isinstance(got, list) and len(got) == len(want), (where, got, want)
+        for g, w in zip(got, want):
+            assert_same(g, w, where)
+    elif isinstance(want, float):
+        assert isinstance(got, (int, float)) and not isinstance(got, bool), (where, got, want)
+        assert abs(got - want) <= REL * abs(want) + 1e-300, (where, got, want)
+    else:
+        assert got == want and type(got) is type(want), (where, got, want)
+
+
 def assert_close_frames(exported: pd.DataFrame, source: pd.DataFrame, columns: list[str]) -> None:
-    """Exported columns equal the source's: integers and strings exactly, floats within the rounding."""
+    """Exported columns equal the source's, row by row (see `assert_same`)."""
     assert len(exported) == len(source)
     for c in columns:
-        got, want = list(exported[c]), list(source[c])
-        if pd.api.types.is_float_dtype(source[c].dtype):
-            for g, w in zip(got, want):
-                if w is None or not math.isfinite(w):
-                    assert g is None, (c, g, w)
-                else:
-                    assert g is not None and abs(g - w) <= REL * abs(w) + 1e-300, (c, g, w)
-        else:
-            assert [None if pd.isna(w) else (int(w) if isinstance(w, (int, np.integer)) else str(w)) for w in want] == got, c
+        for i, (g, w) in enumerate(zip(exported[c], source[c])):
+            assert_same(g, w, (c, i))
+
+
+def eq(series: pd.Series, value) -> pd.Series:
+    """`series == value` with nulls False (for nullable integer columns)."""
+    return series.eq(value).fillna(False).astype(bool)
+
+
+def data_names(layers, sites) -> list[str]:
+    return sorted(["meta.js", "index.js", *(f"features_L{layer}.js" for layer in layers),
+                   *(f"{file}_L{layer}_{site}.js" for layer in layers for site in sites for file in FILES)])
 
 
 # ------------------------------------------------------------------ unit tests
@@ -179,52 +400,102 @@ def test_round_sig_keeps_four_significant_digits():
     assert len(json.dumps(xdata._floats(np.random.default_rng(0).normal(size=1000)))) < 1000 * 10
 
 
+def test_the_explorer_reads_the_registry():
+    # every table the explorer shows is in the registry; the data files hold each once
+    assert {k: tuple(v) for k, v in xdata.FILES.items()} == FILES
+    assert set(xdata.LAYER_TABLES) | set(xdata.OTHER_TABLES) <= set(TABLES)
+    for name in xdata.LAYER_TABLES:
+        assert TABLES[name].circuit and TABLES[name].stage in ("circuits", "verdicts"), name
+
+
 def test_export_matches_tables(tmp_path):
     run = synthetic_run(tmp_path / "run")
     write_explorer(run)
     for layer in (0, 1):
-        files = {f: load_data(run, f"{f}_L{layer}_resid_mid") for f in ("circuits", "samples")}
-        for name, spec in xdata.CIRCUIT_TABLES.items():
-            bundle = files[spec.get("file", "circuits")]
-            source = read_table(run.tables, name, [layer]).sort_values(spec["sort"], kind="stable").reset_index(drop=True)
-            if name == "lowrank_samples":  # ranks 1, 2 and the largest (4) only
-                source = source[source["n_eigs"] != 3].reset_index(drop=True)
-            columns = [c for c in spec["need"] if c != "layer"]
-            exported = xdata.decode_table(bundle[name])
-            assert list(exported.columns) == columns
-            assert_close_frames(exported, source, columns)
+        for file, names in FILES.items():
+            bundle = load_data(run, f"{file}_L{layer}_resid_mid")
+            assert sorted(bundle) == sorted(names)
+            for name in names:
+                source = source_table(run, name, layer, "resid_mid")
+                if name == "lowrank_samples":  # ranks 1, 2 and the largest (4) only, as the report's scatter
+                    source = source[source["n_eigs"] != 3].reset_index(drop=True)
+                columns = exported_columns(name)
+                exported = xdata.decode_table(bundle[name])
+                assert list(exported.columns) == columns, name
+                assert len(exported) > 0, name
+                assert_close_frames(exported, source, columns)
+                # coded columns are codes in the file, and only those the registry names
+                assert sorted(bundle[name]["categories"]) == sorted(c for c in TABLES[name].categories if c in columns)
         feats = load_data(run, f"features_L{layer}")
-        source = read_table(run.tables, "features", [layer]).sort_values(["site", "feature"]).reset_index(drop=True)
-        exported = xdata.decode_table(feats["features"])
-        assert_close_frames(exported, source, ["site", "feature", "frequency", "description", "top_token"])
-        assert exported["top_contexts"].tolist() == [list(v) for v in source["top_contexts"]]
-        assert exported["sample_quantiles"].tolist() == [list(v) for v in source["sample_quantiles"]]
-        labels = xdata.decode_table(feats["feature_labels"])
-        source = read_table(run.tables, "feature_labels", [layer])
-        assert len(labels) == len(source)
-        assert sorted(labels["value"]) == pytest.approx(sorted(source["value"]), rel=REL)
-    # the index: one row per output feature, with the rank-2 correlation, best gate and top energy share
+        for name in ("features", "feature_labels"):
+            source = source_table(run, name, layer)
+            exported = xdata.decode_table(feats[name])
+            assert list(exported.columns) == exported_columns(name)
+            assert_close_frames(exported, source, exported_columns(name))
+        # the HOSVD components' circuit rows are another output set: left out
+        interactions = read_table(run.tables, "interactions", [layer])
+        assert load_data(run, f"circuits_L{layer}_resid_mid")["interactions"]["n"] == \
+            int((interactions["outputs"] == "sae").sum()) < len(interactions)
+    # the index: one row per output feature, with the rank-2 correlation, the circuit
+    # candidate pair and best group gate from gate_verdicts, and the top energy share
     index = load_data(run, "index")
     base = xdata.decode_table(index["features"])
     stats = xdata.decode_table(index["stats"]["resid_mid"])
-    assert len(base) == 2 * 12 and index["corr_rank"] == 2
-    lowrank, gates, eigen = (read_table(run.tables, n) for n in ("lowrank", "gates", "eigen"))
+    assert len(base) == len(stats) == 2 * 12 and index["corr_rank"] == 2
+    assert list(base[["layer", "feature"]].itertuples(index=False, name=None)) == [(l, f) for l in (0, 1) for f in range(12)]
+    lowrank, eigen, features = (schemas.select(read_table(run.tables, n)) for n in ("lowrank", "eigen", "features"))
+    verdicts = schemas.select(read_table(run.tables, "gate_verdicts"))
+    assert set(stats.columns) == {"corr", "n_active", "eig1", "energy1", *(f"{p}_{c}" for p in ("gate", "group") for c in (
+        "rank", "share", "and_data", "coactivation", "split", "a", "b"))}
+    seen = {"pair": 0, "group": 0}
     for i, row in base.iterrows():
-        key = (lowrank["layer"] == row["layer"]) & (lowrank["out_feature"] == row["feature"])
-        corr = lowrank.loc[key & (lowrank["n_eigs"] == 2), "corr_active"].iloc[0]
-        assert (stats.at[i, "corr"] is None) if math.isnan(corr) else stats.at[i, "corr"] == pytest.approx(corr, rel=REL)
-        best = gates[(gates["layer"] == row["layer"]) & (gates["out_feature"] == row["feature"]) & eq(gates["data_rank"], 1)]
-        assert stats.at[i, "gate_share"] == pytest.approx(best["contribution_share"].iloc[0], rel=REL)
-        assert stats.at[i, "gate_and_score"] == pytest.approx(best["and_score"].iloc[0], rel=REL)
-        top = eigen[(eigen["layer"] == row["layer"]) & (eigen["out_feature"] == row["feature"]) & (eigen["rank"] == 1)]
-        assert stats.at[i, "energy1"] == pytest.approx(top["energy_share"].iloc[0], rel=REL)
-        assert row["description"] == f"mlp_out feature {row['feature']} on sat{row['feature']}"
+        layer, f = row["layer"], row["feature"]
+        mine = lowrank[(lowrank["layer"] == layer) & (lowrank["out_feature"] == f) & (lowrank["n_eigs"] == 2)].iloc[0]
+        assert_same(stats.at[i, "corr"], mine["corr_active"], ("corr", i))
+        assert_same(stats.at[i, "n_active"], mine["n_active"], ("n_active", i))
+        for kind, prefix in (("pair", "gate"), ("group", "group")):
+            v = verdicts[(verdicts["layer"] == layer) & (verdicts["out_feature"] == f) & (verdicts["kind"] == kind)]
+            assert len(v) <= 1
+            if len(v):
+                seen[kind] += 1
+                v = v.iloc[0]
+                for column, key in (("circuit_rank", "rank"), ("contribution_share", "share"), ("and_data", "and_data"),
+                                    ("coactivation", "coactivation"), ("split_pair", "split"), ("members_a", "a"),
+                                    ("members_b", "b")):
+                    assert_same(stats.at[i, f"{prefix}_{key}"], v[column], (prefix, key, i))
+            else:
+                assert stats.at[i, f"{prefix}_rank"] is None and stats.at[i, f"{prefix}_share"] is None
+                assert stats.at[i, f"{prefix}_split"] is None and stats.at[i, f"{prefix}_a"] == []
+        top = eigen[(eigen["layer"] == layer) & (eigen["out_feature"] == f) & (eigen["rank"] == 1)].iloc[0]
+        assert_same(stats.at[i, "eig1"], top["eigenvalue"], ("eig1", i))
+        assert_same(stats.at[i, "energy1"], top["energy_share"], ("energy1", i))
+        assert row["description"] == f"mlp_out feature {f} on sat{f}"
+        out = features[(features["layer"] == layer) & (features["site"] == "mlp_out") & (features["feature"] == f)].iloc[0]
+        assert_same(row["frequency"], out["frequency"], ("frequency", i))
+        assert row["top_tokens_text"] == f"sat{f} ran"
+    # some outputs have no candidate of a kind: their columns are null
+    assert 0 < seen["pair"] < len(base) and 0 < seen["group"] < len(base)
     meta = load_data(run, "meta")
-    assert meta["layers"] == [0, 1] and meta["input_sites"] == ["resid_mid"] and meta["missing"] == {"hosvd": "not in this run"}
-    assert {(c["layer"], c["site"]): c["n"] for c in meta["counts"]}[(1, "resid_mid")] == 16
-    verdicts = xdata.decode_table(meta["verdicts"]["resid_mid"])
-    assert len(verdicts) == 2 * 2 and set(verdicts["layer_rank"]) == {1, 2}  # the candidates with a truth table
-    assert all(isinstance(v, bool) for v in verdicts["is_and"]) and all(v in (True, False, None) for v in verdicts["negation_gate"])
+    assert meta["layers"] == [0, 1] and meta["input_sites"] == ["resid_mid"] and meta["missing"] == {}
+    assert meta["present"] == sorted([*FILES["circuits"], *FILES["verdicts"], *FILES["samples"], "features",
+                                      "feature_labels", "sae_metrics", "hosvd"])
+    assert "verdicts" not in meta  # the verdicts are a data file of their own
+    assert {(c["layer"], c["site"]): c["n"] for c in meta["counts"]} == {
+        (l, s): n for l in (0, 1) for s, n in (("mlp_out", 12), ("resid_mid", 16))}
+    metrics = read_table(run.tables, "sae_metrics").sort_values(["layer", "site"]).reset_index(drop=True)
+    exported = xdata.decode_table(meta["sae_metrics"])
+    assert list(exported.columns) == TABLES["sae_metrics"].names
+    assert_close_frames(exported, metrics, TABLES["sae_metrics"].names)
+    hosvd = read_table(run.tables, "hosvd")
+    for layer in (0, 1):
+        want = hosvd[hosvd["layer"] == layer].sort_values("component")["singular_value"]
+        for g, w in zip(meta["hosvd"]["resid_mid"][str(layer)], want, strict=True):
+            assert_same(g, w, "hosvd")
+        curve = meta["lowrank"]["resid_mid"][str(layer)]
+        mine = lowrank[lowrank["layer"] == layer]
+        assert curve["n_eigs"] == [1, 2, 3, 4] and curve["features"] == 12 and curve["nan_features"] == 1
+        for g, w in zip(curve["mean"], mine.groupby("n_eigs")["corr_active"].mean(), strict=True):
+            assert_same(g, w, "lowrank curve")
 
 
 def test_columns_keep_their_types():
@@ -235,6 +506,7 @@ def test_columns_keep_their_types():
     assert encode(pd.Series([1, None], dtype="Int64")) == ([1, None], None)
     assert encode(pd.Series(["x", None, "y", "x"]), categorical=True) == ([0, -1, 1, 0], ["x", "y"])
     assert encode(pd.Series([[0.123456, float("nan")], None, []], dtype=object)) == ([[0.1235, None], [], []], None)
+    assert encode(pd.Series([np.array([3, 1]), np.array([], dtype=np.int64)], dtype=object)) == ([[3, 1], []], None)
     table = xdata.encode_table(pd.DataFrame({"kind": ["self", "cross", None], "v": [1.0, float("inf"), 0.5]}),
                                categories=["kind"])
     assert xdata.decode_table(table).to_dict("list") == {"kind": ["self", "cross", None], "v": [1, None, 0.5]}
@@ -254,10 +526,13 @@ def test_site_files_work_offline(tmp_path):
     for src in ("data/meta.js", "data/index.js", "static/app.js", "static/style.css"):
         assert src in html and (run.explorer / src).is_file()
     names = sorted(p.name for p in (run.explorer / "data").iterdir())
-    assert names == sorted(["meta.js", "index.js", "features_L0.js", "features_L1.js", "circuits_L0_resid_mid.js",
-                            "circuits_L1_resid_mid.js", "samples_L0_resid_mid.js", "samples_L1_resid_mid.js"])
+    assert names == data_names((0, 1), ("resid_mid",))
     for path in (run.explorer / "data").iterdir():
         xdata.parse_script(path.read_text(encoding="utf-8"))  # valid JSON inside
+    # the app asks for exactly these files
+    assert "need(`features_L${layer}`)" in app and "need(`${file}_L${layer}_${state.site}`)" in app
+    for file in FILES:
+        assert f'needSite("{file}", layer)' in app, file
     # rewriting replaces the folder (no stale files)
     (run.explorer / "data" / "stale.js").write_text("x", encoding="utf-8")
     write_explorer(run)
@@ -265,27 +540,38 @@ def test_site_files_work_offline(tmp_path):
 
 
 def test_missing_tables_build_with_sections_marked(tmp_path):
-    run = synthetic_run(tmp_path / "run", skip=("eigen", "gates", "gate_truth", "features", "sae_metrics"))
+    skipped = ("eigen", "gate_truth", "features", "sae_metrics", "gate_verdicts", "group_gates", "hosvd")
+    run = synthetic_run(tmp_path / "run", skip=skipped)
     # a table written by an older version, lacking a column, counts as missing too
-    lowrank = read_table(run.tables, "lowrank").drop(columns=["corr_active"])
-    shutil.rmtree(run.tables / "lowrank")
-    write_table(lowrank, run.tables, "lowrank", 0, part="resid_mid-sae")
+    for name, column in (("lowrank", "corr_active"), ("gates", "coactivation_lift")):
+        old = read_table(run.tables, name).drop(columns=[column])
+        shutil.rmtree(run.tables / name)
+        for layer, frame in old.groupby("layer"):
+            write_table(frame, run.tables, name, int(layer), part="resid_mid-sae")
     write_explorer(run)
     meta = load_data(run, "meta")
-    assert meta["missing"]["eigen"] == "not in this run"
-    assert meta["missing"]["features"] == "not in this run"
-    assert "corr_active" in meta["missing"]["lowrank"]
-    assert {"eigen", "gates", "gate_truth", "features", "sae_metrics", "lowrank"} <= set(meta["missing"])
-    assert meta["verdicts"]["resid_mid"] is None and meta["verdicts_missing"]["resid_mid"]
+    for name in skipped:
+        assert meta["missing"][name] == "not in this run", name
+    assert "corr_active" in meta["missing"]["lowrank"] and "coactivation_lift" in meta["missing"]["gates"]
+    assert set(meta["missing"]) == {*skipped, "lowrank", "gates"}
+    assert not set(meta["present"]) & set(meta["missing"])
     circuits = load_data(run, "circuits_L0_resid_mid")
-    assert circuits["eigen"] is None and circuits["gates"] is None and circuits["interactions"]["n"] > 0
+    for name in ("eigen", "gates", "gate_truth", "group_gates", "lowrank"):
+        assert circuits[name] is None, name
+    assert circuits["interactions"]["n"] > 0 and circuits["group_truth"]["n"] > 0
+    assert load_data(run, "verdicts_L0_resid_mid") == {"gate_verdicts": None}
     assert load_data(run, "features_L0")["features"] is None
+    assert load_data(run, "features_L0")["feature_labels"]["n"] > 0
     index = load_data(run, "index")
     assert index["features"]["n"] == 2 * 12  # the feature count comes from the circuit tables
-    assert "gate_share" not in index["stats"]["resid_mid"]["columns"]
+    assert not {"gate_rank", "gate_share", "group_rank", "group_share", "energy1", "corr"} & set(
+        index["stats"]["resid_mid"]["columns"])
     assert "description" not in index["features"]["columns"]
+    assert meta["hosvd"] == {} and meta["lowrank"] == {"resid_mid": None} and meta["sae_metrics"] is None
     app = (Path(xdata.__file__).parent / "static" / "app.js").read_text(encoding="utf-8")
     assert "data-missing" in app  # the page marks each section whose table is missing
+    for name in ("gate_verdicts", "group_gates", "gate_truth", "group_truth", "gate_ablation", "group_ablation"):
+        assert f'"{name}"' in app, name  # and names these tables when they are
 
 
 def test_a_run_without_tables_still_builds(tmp_path):
@@ -294,35 +580,83 @@ def test_a_run_without_tables_still_builds(tmp_path):
     write_explorer(run)
     meta = load_data(run, "meta")
     assert meta["layers"] == [] and meta["present"] == [] and "interactions" in meta["missing"]
+    assert set(meta["missing"]) == set(xdata.LAYER_TABLES) | set(xdata.OTHER_TABLES)
     assert load_data(run, "index")["features"]["n"] == 0
+    assert sorted(p.name for p in (run.explorer / "data").iterdir()) == ["index.js", "meta.js"]
 
 
 def test_several_input_sites(tmp_path):
-    run = synthetic_run(tmp_path / "run", layers=(0,), sites=("mlp_in", "resid_mid"))
+    sites = ("mlp_in", "resid_mid")
+    run = synthetic_run(tmp_path / "run", layers=(0,), sites=sites)
     write_explorer(run)
     meta = load_data(run, "meta")
     assert meta["input_sites"] == ["resid_mid", "mlp_in"]
-    for site in meta["input_sites"]:
-        bundle = load_data(run, f"circuits_L0_{site}")
-        source = read_table(run.tables, "interactions")
-        assert bundle["interactions"]["n"] == int((source["input_site"] == site).sum())
-    assert set(load_data(run, "index")["stats"]) == {"resid_mid", "mlp_in"}
+    assert sorted(p.name for p in (run.explorer / "data").iterdir()) == data_names((0,), sites)
+    index = load_data(run, "index")
+    assert set(index["stats"]) == set(sites)
+    verdicts = read_table(run.tables, "gate_verdicts")
+    for site in sites:
+        for file, names in FILES.items():
+            bundle = load_data(run, f"{file}_L0_{site}")
+            for name in names:
+                source = source_table(run, name, 0, site)
+                if name == "lowrank_samples":
+                    source = source[source["n_eigs"] != 3].reset_index(drop=True)
+                assert_close_frames(xdata.decode_table(bundle[name]), source, exported_columns(name))
+        # each site's index numbers come from its own verdicts
+        stats = xdata.decode_table(index["stats"][site])
+        mine = schemas.select(verdicts, site)
+        pairs = mine[mine["kind"] == "pair"].set_index("out_feature")
+        for f in range(12):
+            want = pairs["circuit_rank"].get(f)
+            assert stats.at[f, "gate_rank"] == (None if want is None else int(want))
+            if want is not None:
+                assert_same(stats.at[f, "gate_share"], pairs.at[f, "contribution_share"], (site, f))
+        assert meta["hosvd"][site]["0"]
+    a, b = (xdata.decode_table(index["stats"][s]) for s in sites)
+    assert a["gate_share"].tolist() != b["gate_share"].tolist()  # the sites' numbers differ
+    assert {(c["layer"], c["site"]) for c in meta["counts"]} == {(0, "mlp_out"), (0, "mlp_in"), (0, "resid_mid")}
+
+
+def test_group_members_count_as_input_features(tmp_path):
+    run = synthetic_run(tmp_path / "run", layers=(0,), n_in=16)
+    groups = read_table(run.tables, "group_gates")
+    groups.at[0, "members_b"] = [*groups.at[0, "members_b"], 40]  # an input id no other table uses
+    schemas.write(groups, run.tables, "group_gates", 0, part="resid_mid-sae")
+    shutil.rmtree(run.tables / "sae_metrics")
+    shutil.rmtree(run.tables / "features")
+    write_explorer(run)
+    counts = {(c["layer"], c["site"]): c["n"] for c in load_data(run, "meta")["counts"]}
+    assert counts[(0, "resid_mid")] == 41 and counts[(0, "mlp_out")] == 12
 
 
 def test_table_text_stays_data_and_the_shell_is_escaped(tmp_path):
     root = tmp_path / "run <i>&amp"  # a folder name is text too
-    run = synthetic_run(root, layers=(0,))
+    run = synthetic_run(root, layers=(0,), text=PLANTED)
     plant(run, 0, "mlp_out", 3, PLANTED, PLANTED_CONTEXT)
     write_explorer(run)
     html = (run.explorer / "index.html").read_text(encoding="utf-8")
     assert "<i>" not in html and "run &lt;i&gt;&amp;amp" in html
-    text = (run.explorer / "data" / "features_L0.js").read_text(encoding="utf-8")
-    assert "\u2028" not in text  # a raw line separator would end a JS string in older engines
-    features = xdata.decode_table(xdata.parse_script(text)["features"])
+    for path in (run.explorer / "data").iterdir():
+        text = path.read_text(encoding="utf-8")
+        assert "\u2028" not in text  # a raw line separator would end a JS string in older engines
+    features = xdata.decode_table(load_data(run, "features_L0")["features"])
     row = features[(features["site"] == "mlp_out") & (features["feature"] == 3)].iloc[0]
     assert row["description"] == PLANTED and row["top_contexts"][0] == PLANTED_CONTEXT
+    assert row["top_tokens"][1] == "ran" + PLANTED and row["boosted_tokens"][1] == "happy" + PLANTED
+    assert row["suppressed_tokens"] == ["bad" + PLANTED] and row["sample_contexts"][0].endswith(PLANTED)
+    assert row["boost_label"] == "positive" + PLANTED
+    assert features.loc[features["feature"] == 1, "label"].tolist() == ["negative" + PLANTED] * 2
+    labels = xdata.decode_table(load_data(run, "features_L0")["feature_labels"])
+    assert set(labels["channel"]) == {"context" + PLANTED, "lexicon"} and "positive" + PLANTED in set(labels["class"])
     index = xdata.decode_table(load_data(run, "index")["features"])
     assert index.loc[index["feature"] == 3, "description"].iloc[0] == PLANTED
+    assert PLANTED in index.loc[index["feature"] == 3, "top_tokens_text"].iloc[0]
+    verdicts = xdata.decode_table(load_data(run, "verdicts_L0_resid_mid")["gate_verdicts"])
+    assert all(v.endswith(PLANTED) for v in verdicts["verdict"]) and all(v.endswith(PLANTED) for v in verdicts["truth"])
+    assert "negation" + PLANTED in set(verdicts["label_a"]) | set(verdicts["label_b"])
+    groups = xdata.decode_table(load_data(run, "circuits_L0_resid_mid")["group_gates"])
+    assert "context=negative" + PLANTED in set(groups["label_a"])
 
 
 def test_serve_binds_locally_and_serves_the_site(tmp_path, monkeypatch, capsys):
@@ -338,6 +672,8 @@ def test_serve_binds_locally_and_serves_the_site(tmp_path, monkeypatch, capsys):
             assert response.status == 200 and b'id="main"' in response.read()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/meta.js", timeout=10) as response:
             assert xdata.parse_script(response.read().decode())["layers"] == [0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/verdicts_L0_resid_mid.js", timeout=10) as response:
+            assert xdata.parse_script(response.read().decode())["gate_verdicts"]["n"] > 0
     finally:
         server.shutdown()
         server.server_close()
@@ -358,6 +694,8 @@ def test_serve_binds_locally_and_serves_the_site(tmp_path, monkeypatch, capsys):
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 BUDGET_MS = 2000
+INDEX_KEYS = ["layer", "feature", "description", "frequency", "corr", "gate_rank", "gate_share", "group_rank",
+              "group_share", "energy1"]
 
 
 def chromium_path() -> str | None:
@@ -366,32 +704,6 @@ def chromium_path() -> str | None:
         if candidate and Path(candidate).is_file():
             return candidate
     return None
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    """The small demo (every stage, explorer included), with a planted description on the
-    best gate's output feature and on one of its inputs. EXPLORER_TEST_RUN=DIR reuses the
-    tables of a finished small demo in DIR instead (copied; for working on the explorer)."""
-    from pipelines.demo import DemoConfig, run_demo
-
-    run = RunPaths(tmp_path_factory.mktemp("explorer_demo"))
-    reuse = os.environ.get("EXPLORER_TEST_RUN")
-    if reuse:
-        shutil.copytree(RunPaths(reuse).tables, run.tables)
-        write_explorer(run)
-    else:
-        run_demo(run, DemoConfig.small())
-    assert (run.explorer / "index.html").is_file()
-    gates = read_table(run.tables, "gates")
-    best = gates[eq(gates["layer_rank"], 1)].sort_values("layer").iloc[-1]
-    layer, out, a = int(best["layer"]), int(best["out_feature"]), int(best["in_a"])
-    plant(run, layer, "mlp_out", out, PLANTED, PLANTED_CONTEXT)
-    plant(run, layer, "resid_mid", a, PLANTED + " (input)")
-    start = time.perf_counter()
-    write_explorer(run)
-    return SimpleNamespace(paths=run, tables=run.tables, explorer=run.explorer, build_s=time.perf_counter() - start,
-                           best=(layer, out, a, int(best["in_b"])))
 
 
 @pytest.fixture(scope="module")
@@ -428,6 +740,7 @@ class Page:
     def open(self, hash_: str = "") -> dict:
         """Load index.html (a fresh document) at `hash_`; the render timing, counted from the
         document's start (loading the page and its data included)."""
+        self.page.goto("about:blank")  # else a change of hash alone would not load the document again
         self.page.goto((self.root / "index.html").as_uri() + hash_)
         timing = self.wait(1)
         start = timing["at"] - timing["ms"]  # when the app began to render
@@ -452,6 +765,14 @@ class Page:
     def text(self, selector: str) -> str:
         return self.page.inner_text(selector)
 
+    def safe(self) -> None:
+        """No planted script ran and no planted element exists."""
+        assert self.page.evaluate("window.__pwned") is None
+        assert self.page.locator("#main script, #main img").count() == 0
+
+    def rows(self, selector: str) -> list[str]:
+        return self.page.locator(f"{selector} tbody tr").all_inner_texts()
+
 
 def js_number(value: float) -> str:
     """A number as the app prints it: `String(Number(v.toPrecision(4)))` in JavaScript."""
@@ -463,9 +784,280 @@ def js_number(value: float) -> str:
     return re.sub(r"e([+-])0*(\d)", lambda m: f"e{m.group(1)}{m.group(2)}", repr(r))
 
 
-def eq(series: pd.Series, value) -> pd.Series:
-    """`series == value` with nulls False (for nullable integer columns)."""
-    return series.eq(value).fillna(False).astype(bool)
+def shown(value) -> str:
+    """A table's value as a cell shows it: a number as `js_number`, a null as a dash."""
+    return "–" if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) else js_number(value)
+
+
+def index_order(stats: pd.DataFrame, key: str, descending: bool) -> list[int]:
+    """Rows of the index sorted by `key` as the app sorts them: nulls last, ties in row order."""
+    valued = [i for i in range(len(stats)) if stats.at[i, key] is not None]
+    valued.sort(key=lambda i: (-stats.at[i, key] if descending else stats.at[i, key], i))
+    return valued + [i for i in range(len(stats)) if stats.at[i, key] is None]
+
+
+@pytest.fixture(scope="module")
+def synthetic_site(tmp_path_factory):
+    """A synthetic run of two layers and two input sites with PLANTED in every text column,
+    a planted description and context on the output of layer 1's best circuit candidate pair
+    and on its first input, and a planted verdict text."""
+    run = synthetic_run(tmp_path_factory.mktemp("explorer_synthetic") / "run", sites=("resid_mid", "mlp_in"),
+                        text=PLANTED)
+    layer = 1
+    verdicts = schemas.select(read_table(run.tables, "gate_verdicts", [layer]))
+    pair = verdicts[(verdicts["kind"] == "pair") & (verdicts["circuit_rank"] == 1)].iloc[0]
+    out, a = int(pair["out_feature"]), int(pair["in_a"])
+    # a best group gate (ablated) of another output
+    group = verdicts[(verdicts["kind"] == "group") & (verdicts["circuit_rank"] <= N_ABLATE)
+                     & (verdicts["out_feature"] != out)].sort_values("circuit_rank").iloc[0]
+    plant(run, layer, "mlp_out", out, PLANTED, PLANTED_CONTEXT)
+    plant(run, layer, "resid_mid", a, PLANTED + " (input)")
+    plant_verdict(run, layer, "resid_mid", out, "verdict: " + PLANTED)
+    write_explorer(run)
+    return SimpleNamespace(paths=run, tables=run.tables, explorer=run.explorer, layer=layer, out=out, a=a,
+                           b=int(pair["in_b"]), group_out=int(group["out_feature"]))
+
+
+def test_explorer_pages_in_a_browser(browser, synthetic_site):
+    """Every kind of page on the synthetic run: what the tables hold is on the page, planted
+    text stays text, the new tables (group gates, verdicts) are shown and linked."""
+    site = synthetic_site
+    run, layer, out = site.paths, site.layer, site.out
+    page = Page(browser, site.explorer)
+    p = page.page
+    verdicts = schemas.select(read_table(run.tables, "gate_verdicts"))
+    index = load_data(run, "index")
+    base, stats = xdata.decode_table(index["features"]), xdata.decode_table(index["stats"]["resid_mid"])
+
+    # the index: the columns of the circuit candidates, their numbers, sorting by pair rank
+    page.open()
+    assert p.eval_on_selector_all("#index-table th", "t => t.map(x => x.dataset.key)") == INDEX_KEYS
+    heads = page.text("#index-table thead")
+    for label in ("pair rank", "pair share", "group rank", "group share", "rank-2 corr", "top eigen energy"):
+        assert label in heads, label
+    cells = p.eval_on_selector_all("#index-body tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+    assert len(cells) == len(base) == 24
+    for i, row in enumerate(cells):
+        layer_i, f = int(base.at[i, "layer"]), int(base.at[i, "feature"])
+        assert row[:2] == [str(layer_i), str(f)]
+        for kind, column in (("pair", 5), ("group", 7)):
+            v = verdicts[(verdicts["layer"] == layer_i) & (verdicts["out_feature"] == f) & (verdicts["kind"] == kind)]
+            assert row[column] == (shown(v["circuit_rank"].iloc[0]) if len(v) else "–"), (i, kind)
+            assert row[column + 1] == (shown(v["contribution_share"].iloc[0]) if len(v) else "–"), (i, kind)
+        assert row[4] == shown(stats.at[i, "corr"]) and row[9] == shown(stats.at[i, "energy1"])
+    def features() -> list[int]:  # the rows shown, as layer * 1000 + feature
+        return p.eval_on_selector_all("#index-body tr", "r => r.map(x => +x.dataset.layer * 1000 + +x.dataset.feature)")
+
+    key = [int(base.at[i, "layer"]) * 1000 + int(base.at[i, "feature"]) for i in range(len(base))]
+    p.click("#index-table th[data-key='gate_rank']")  # ranks: best first
+    assert features() == [key[i] for i in index_order(stats, "gate_rank", False)]
+    assert p.get_attribute("#index-table th[data-key='gate_rank']", "data-dir") == "asc"
+    p.click("#index-table th[data-key='gate_rank']")
+    assert features() == [key[i] for i in index_order(stats, "gate_rank", True)]
+    p.click("#index-table th[data-key='group_share']")  # shares: largest first
+    assert features() == [key[i] for i in index_order(stats, "group_share", True)]
+    p.check("#gates-only")
+    ranked = [i for i in range(len(stats)) if stats.at[i, "gate_rank"] is not None or stats.at[i, "group_rank"] is not None]
+    assert p.locator("#index-body tr").count() == len(ranked) < len(stats)
+    p.uncheck("#gates-only")
+    # the search: every word in the description or the top tokens; the planted description shown as text
+    terms = ["onerror", f"sat{out}"]
+    found = [key[i] for i in range(len(base))
+             if all(t in f"{base.at[i, 'description']} {base.at[i, 'top_tokens_text']}".lower() for t in terms)]
+    p.fill("#search", " ".join(terms))
+    assert sorted(features()) == sorted(found) and layer * 1000 + out in found
+    assert PLANTED in page.text(f"#index-body tr[data-layer='{layer}'][data-feature='{out}']")
+    page.safe()
+    p.fill("#search", "")
+
+    # the layer page: the pairs and the group gates by circuit rank, with their verdicts
+    page.go(f"#/layer/{layer}")
+    assert p.locator("#hist-gate .main-svg").count() >= 1 and p.locator("#hist-group .main-svg").count() >= 1
+    assert p.locator("#main [data-missing]").count() == 0
+    mine = verdicts[verdicts["layer"] == layer]
+    for kind in ("pair", "group"):
+        ranked = mine[mine["kind"] == kind].sort_values("circuit_rank")
+        rows = page.rows(f"table.best-{kind}s")
+        assert len(rows) == len(ranked) > 0, kind
+        for text, v in zip(rows, ranked.to_dict("records")):
+            assert text.split("\t")[0] == str(v["circuit_rank"]) and f"out #{v['out_feature']}" in text
+            assert v["verdict"] in text
+            for label in (v["label_a"], v["label_b"]):
+                if isinstance(label, str):
+                    assert label + ": " in text
+            assert js_number(v["contribution_share"]) in text and js_number(v["gate_score"]) in text
+        tags = p.locator(f"table.best-{kind}s .tag.yes", has_text="AND")
+        assert tags.count() == int(ranked["is_and"].sum()), kind
+        first = p.locator(f"table.best-{kind}s tbody tr").first
+        for m in [*ranked.iloc[0]["members_a"], *ranked.iloc[0]["members_b"]]:
+            assert first.locator(f"a[href='#/in/{layer}/{m}']").count() == 1, (kind, m)
+    assert "verdict: " + PLANTED in page.text("table.best-pairs")
+    page.safe()
+
+    # the output feature page of the best pair: the candidate's card, its truth table and ablations
+    page.go(f"#/out/{layer}/{out}")
+    assert page.text("#description") == PLANTED and "<b>no</b>" in page.text("#feature .contexts")
+    v = mine[(mine["out_feature"] == out) & (mine["kind"] == "pair")].iloc[0]
+    assert page.text("#pair-card .verdict-text") == "verdict: " + PLANTED
+    assert v["truth"] in page.text("#pair-card .truth-text")
+    card = page.text("#pair-card")
+    assert "circuit rank 1" in card and js_number(v["contribution_share"]) in card
+    truth = source_table(run, "gate_truth", layer, "resid_mid")
+    truth = truth[(truth["out_feature"] == out) & (truth["in_a"] == site.a) & (truth["in_b"] == site.b)]
+    assert len(truth) == 4
+    cells = page.text("#pair-card table.truth")
+    for value in truth["mean_activation"]:
+        assert js_number(value) in cells
+    ablation = source_table(run, "gate_ablation", layer, "resid_mid")
+    ablation = ablation[(ablation["out_feature"] == out) & (ablation["in_a"] == site.a)]
+    rows = page.rows("#pair-card table.ablation")
+    assert [r.split("\t")[0] for r in rows] == ["a", "b", "both"] == ablation["ablated"].tolist()
+    for text, after in zip(rows, ablation["activation_after"]):
+        assert js_number(after) in text
+    assert "removes" in page.text("#pair-card .drops")
+    assert p.locator(f"#pair-card h3 a[href='#/in/{layer}/{site.a}']").count() == 1
+    gates = source_table(run, "gates", layer, "resid_mid")
+    gates = gates[gates["out_feature"] == out]
+    assert len(page.rows("table.gates")) == len(gates)
+    for value in gates["input_cosine"]:
+        assert js_number(value) in page.text("table.gates")
+    # its group gates, members linked to their input pages
+    groups = source_table(run, "group_gates", layer, "resid_mid")
+    groups = groups[groups["out_feature"] == out]
+    rows = page.rows("table.group-gates")
+    assert len(rows) == len(groups)
+    for g in groups.to_dict("records"):
+        assert any(text.startswith(g["source"]) and js_number(g["contribution_share"]) in text for text in rows)
+        for m in [*g["members_a"], *g["members_b"]]:
+            assert p.locator(f"table.group-gates a[href='#/in/{layer}/{m}']").count() >= 1
+    labels = page.text("#main .labels")
+    assert "context" + PLANTED in labels and "positive" + PLANTED in labels
+    assert "happy" + PLANTED in page.text(".logits") and "bad" + PLANTED in page.text(".logits")
+    page.safe()
+
+    # the output feature page of the best group gate: its card, links to every member
+    page.go(f"#/out/{layer}/{site.group_out}")
+    g = mine[(mine["out_feature"] == site.group_out) & (mine["kind"] == "group")].iloc[0]
+    assert page.text("#group-card .verdict-text") == g["verdict"]
+    heading = page.text("#group-card h3")
+    for label in (g["label_a"], g["label_b"]):
+        if isinstance(label, str):
+            assert label in heading
+    truth = source_table(run, "group_truth", layer, "resid_mid")
+    truth = truth[(truth["out_feature"] == site.group_out) & (truth["group_a"] == g["group_a"])]
+    for value in truth["mean_activation"]:
+        assert js_number(value) in page.text("#group-card table.truth")
+    assert len(page.rows("#group-card table.ablation")) == 3
+    member = int(g["members_b"][0])
+    for m in [*g["members_a"], *g["members_b"]]:
+        assert p.locator(f"#group-card h3 a[href='#/in/{layer}/{m}']").count() == 1
+    page.safe()
+    # a member's input page lists the group gate it is in
+    page.after_click(f"#group-card h3 a[href='#/in/{layer}/{member}']")
+    assert p.evaluate("location.hash") == f"#/in/{layer}/{member}"
+    assert p.locator(f"#in-groups a[href='#/out/{layer}/{site.group_out}']").count() >= 1
+
+    # an output without a candidate of either kind says so
+    none = [f for f in range(12) if not (mine["out_feature"] == f).any()]
+    assert none
+    page.go(f"#/out/{layer}/{none[0]}")
+    assert "No circuit candidate pair" in page.text("#main") and "No ranked group gate" in page.text("#main")
+
+    # the input page of the pair's first input: the planted description, the gate with it
+    page.go(f"#/in/{layer}/{site.a}")
+    assert page.text("#description") == PLANTED + " (input)"
+    assert f"#/out/{layer}/{out}" in p.inner_html("#in-gates")
+    page.safe()
+
+    # the other input site: its own verdicts
+    page.go(f"#/layer/{layer}?in=mlp_in")
+    assert p.locator("#input-site option").count() == 2
+    other = verdicts_of(run, "mlp_in", layer)
+    first = other[other["kind"] == "pair"].sort_values("circuit_rank").iloc[0]
+    assert f"out #{int(first['out_feature'])}" in page.rows("table.best-pairs")[0]
+    assert first["verdict"] in page.rows("table.best-pairs")[0]
+    assert not page.errors, page.errors
+    assert all(u.startswith("file://") for u in page.requests), "the site must not use the network"
+
+
+def verdicts_of(run: RunPaths, site: str, layer: int) -> pd.DataFrame:
+    return schemas.select(read_table(run.tables, "gate_verdicts", [layer]), site)
+
+
+def test_missing_verdicts_are_marked_in_a_browser(browser, tmp_path):
+    """A run whose verdicts stage has not run: the circuits are shown, every place that
+    needs the verdicts' tables says which is missing."""
+    verdict_tables = ("gate_verdicts", "group_gates", "group_truth", "gate_ablation", "group_ablation")
+    run = synthetic_run(tmp_path / "partial", layers=(0,), skip=verdict_tables)
+    write_explorer(run)
+    page = Page(browser, run.explorer)
+    p = page.page
+    page.open()
+    assert p.locator("#main [data-missing='gate_verdicts']").count() == 1
+    assert set(p.eval_on_selector_all("#index-body tr td:nth-child(6)", "c => c.map(x => x.textContent)")) == {"–"}
+    page.go("#/layer/0")
+    assert p.locator("#main [data-missing='gate_verdicts']").count() >= 1
+    assert p.locator("table.best-pairs").count() == 0
+    page.go("#/out/0/0")
+    for name in ("gate_verdicts", "group_gates"):
+        assert p.locator(f"#main [data-missing='{name}']").count() >= 1, name
+    assert p.locator("table.gates").count() >= 1 and p.locator("table.interactions").count() >= 1
+    page.go("#/in/0/1")
+    assert p.locator("#main [data-missing='group_gates']").count() == 1
+    # the verdicts without the tables of the circuit candidates' truth tables and ablations
+    run = synthetic_run(tmp_path / "partial2", layers=(0,), skip=("gate_truth", "gate_ablation", "gates"))
+    write_explorer(run)
+    page2 = Page(browser, run.explorer)
+    verdicts = verdicts_of(run, "resid_mid", 0)
+    out = int(verdicts[(verdicts["kind"] == "pair") & (verdicts["circuit_rank"] == 1)]["out_feature"].iloc[0])
+    page2.open(f"#/out/0/{out}")
+    for name in ("gates", "gate_truth", "gate_ablation"):
+        assert page2.page.locator(f"#main [data-missing='{name}']").count() == 1, name
+    assert page2.page.locator("#pair-card .verdict-text").count() == 1  # the verdict is still shown
+    # features only (the circuits stage has not run): no input site, no circuit data files asked for
+    run = synthetic_run(tmp_path / "features-only", layers=(0,), skip=(*xdata.LAYER_TABLES, "hosvd"))
+    write_explorer(run)
+    assert load_data(run, "meta")["input_sites"] == []
+    page3 = Page(browser, run.explorer)
+    page3.open("#/out/0/0")
+    for name in ("interactions", "eigen", "lowrank", "gates", "gate_verdicts", "group_gates"):
+        assert page3.page.locator(f"#main [data-missing='{name}']").count() >= 1, name
+    assert page3.text("#description") == "mlp_out feature 0 on sat0"
+    page3.go("#/layer/0")
+    assert page3.page.locator("#main [data-missing='gate_verdicts']").count() >= 1
+    page3.go("#/in/0/1")
+    assert page3.text("#description") == "resid_mid feature 1 on sat1"
+    assert not any("_L0_" in u for u in page3.requests)
+    assert not page.errors and not page2.errors and not page3.errors, page.errors + page2.errors + page3.errors
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """The small demo (every stage, explorer included), with a planted description on the
+    output feature of the last layer's best circuit candidate pair and on one of its inputs,
+    and a planted verdict. EXPLORER_TEST_RUN=DIR reuses the tables of a finished small demo
+    in DIR instead (copied; for working on the explorer)."""
+    from pipelines.demo import DemoConfig, run_demo
+    from pipelines.runtime import Runtime
+
+    run = RunPaths(tmp_path_factory.mktemp("explorer_demo"))
+    reuse = os.environ.get("EXPLORER_TEST_RUN")
+    if reuse:
+        shutil.copytree(RunPaths(reuse).tables, run.tables)
+        write_explorer(run)
+    else:
+        run_demo(run, DemoConfig.small(), Runtime(threads=1, device="cpu"))
+    assert (run.explorer / "index.html").is_file()
+    verdicts = schemas.select(read_table(run.tables, "gate_verdicts"))
+    best = verdicts[(verdicts["kind"] == "pair") & eq(verdicts["circuit_rank"], 1)].sort_values("layer").iloc[-1]
+    layer, out, a = int(best["layer"]), int(best["out_feature"]), int(best["in_a"])
+    plant(run, layer, "mlp_out", out, PLANTED, PLANTED_CONTEXT)
+    plant(run, layer, "resid_mid", a, PLANTED + " (input)")
+    plant_verdict(run, layer, "resid_mid", out, "verdict: " + PLANTED)
+    start = time.perf_counter()
+    write_explorer(run)
+    return SimpleNamespace(paths=run, tables=run.tables, explorer=run.explorer, build_s=time.perf_counter() - start,
+                           best=(layer, out, a, int(best["in_b"])))
 
 
 @pytest.mark.slow
@@ -479,6 +1071,7 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     shots.mkdir(parents=True, exist_ok=True)
     page = Page(browser, site)
     p = page.page
+    verdicts = schemas.select(read_table(run.tables, "gate_verdicts"))
 
     # the index: every output feature, searchable, filterable and sortable
     timings["index (cold)"] = page.open()
@@ -486,6 +1079,7 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     outs = features[features["site"] == "mlp_out"]
     assert p.locator("#index-body tr").count() == min(200, len(outs))
     assert f"{len(outs)} output features in all" in page.text("#index-count")
+    assert p.eval_on_selector_all("#index-table th", "t => t.map(x => x.dataset.key)") == INDEX_KEYS
     p.screenshot(path=str(shots / "index.png"))
     token = outs.loc[outs["top_token"].notna(), "top_token"].value_counts().index[0]
     p.fill("#search", token)
@@ -501,10 +1095,18 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     values = [float(v) for v in p.eval_on_selector_all("#index-body tr td:nth-child(5)", "c => c.map(x => x.textContent)")
               if v != "–"]
     assert values == sorted(values, reverse=True) and values
+    # by pair rank: the layer's circuit candidate pairs in rank order, then the outputs without one
+    p.click("#index-table th[data-key='gate_rank']")
+    pairs = verdicts[(verdicts["layer"] == layer) & (verdicts["kind"] == "pair")].sort_values("circuit_rank")
+    ids = p.eval_on_selector_all("#index-body tr", "rows => rows.map(r => +r.dataset.feature)")
+    assert ids[:len(pairs)] == pairs["out_feature"].tolist()
+    ranks = p.eval_on_selector_all("#index-body tr td:nth-child(6)", "c => c.map(x => x.textContent)")
+    assert ranks[:len(pairs)] == [str(r) for r in pairs["circuit_rank"]] and set(ranks[len(pairs):]) <= {"–"}
+    p.select_option("#layer-filter", "all")
     p.fill("#search", "pwned")  # the planted description is found, and shown as text
     assert p.locator("#index-body tr").count() == 1
     assert "<script>" in page.text("#index-body")
-    assert p.evaluate("window.__pwned") is None
+    page.safe()
 
     # the output feature page, by clicking through from the index (once the index has had the
     # second or so it takes to start Plotly in the background, as it has for a reader)
@@ -512,7 +1114,7 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     timings["output feature (from the index)"] = page.after_click(f"#index-body tr[data-feature='{out}'] td:nth-child(2) a")
     assert p.evaluate("location.hash") == f"#/out/{layer}/{out}"
     assert page.text("#description") == PLANTED
-    assert p.evaluate("window.__pwned") is None and p.locator("#main script, #main img").count() == 0
+    page.safe()
     assert "<b>no</b>" in page.text("#feature .contexts")  # the planted context, as text
     assert p.locator("#feature mark").count() >= 1
     row = features[(features["layer"] == layer) & (features["site"] == "mlp_out") & (features["feature"] == out)].iloc[0]
@@ -520,25 +1122,52 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     assert js_number(row["frequency"]) in body
     for tok in row["boosted_tokens"]:
         assert tok in page.text(".logits")
-    inter = read_table(run.tables, "interactions", [layer])
-    mine = inter[(inter["out_feature"] == out) & (inter["outputs"] == "sae")]
+    inter = schemas.select(read_table(run.tables, "interactions", [layer]))
+    mine = inter[inter["out_feature"] == out]
     top_cross = mine[mine["kind"] == "cross"].sort_values("rank").iloc[0]
     assert js_number(top_cross["coefficient"]) in page.text("table.interactions")
-    eigen = read_table(run.tables, "eigen", [layer])
+    eigen = schemas.select(read_table(run.tables, "eigen", [layer]))
     top_eig = eigen[(eigen["out_feature"] == out) & (eigen["rank"] == 1)].iloc[0]
     assert js_number(top_eig["eigenvalue"]) in body
-    lowrank = read_table(run.tables, "lowrank", [layer])
+    lowrank = schemas.select(read_table(run.tables, "lowrank", [layer]))
     corr = lowrank[(lowrank["out_feature"] == out) & (lowrank["n_eigs"] == 2)]["corr_active"].iloc[0]
     if math.isfinite(corr):
         assert js_number(corr) in page.text("table.lowrank")
-    gates = read_table(run.tables, "gates", [layer])
-    best = gates[(gates["out_feature"] == out) & eq(gates["layer_rank"], 1)].iloc[0]
-    assert js_number(best["contribution_share"]) in page.text("table.gates")
-    assert p.locator(".gate-card table.truth").count() >= 1 and p.locator(".gate-card .verdict").count() >= 1
+    gates = schemas.select(read_table(run.tables, "gates", [layer]))
+    best = gates[(gates["out_feature"] == out) & (gates["in_a"] == a) & (gates["in_b"] == b)].iloc[0]
+    assert js_number(best["contribution_share"]) in " ".join(p.locator("table.gates").all_text_contents())
+    # the circuit candidate's card: the verdict from gate_verdicts, its truth table and ablations
+    v = verdicts[(verdicts["layer"] == layer) & (verdicts["out_feature"] == out) & (verdicts["kind"] == "pair")].iloc[0]
+    assert page.text("#pair-card .verdict-text") == "verdict: " + PLANTED
+    assert v["truth"] in page.text("#pair-card .truth-text") and "circuit rank 1" in page.text("#pair-card")
+    truth = schemas.select(read_table(run.tables, "gate_truth", [layer]))
+    truth = truth[(truth["out_feature"] == out) & (truth["in_a"] == a) & (truth["in_b"] == b)]
+    if len(truth):
+        assert p.locator("#pair-card table.truth").count() == 1
+        for value in truth["mean_activation"]:
+            assert js_number(value) in page.text("#pair-card table.truth")
+    ablation = schemas.select(read_table(run.tables, "gate_ablation", [layer]))
+    ablation = ablation[(ablation["out_feature"] == out) & (ablation["in_a"] == a) & (ablation["in_b"] == b)]
+    assert len(ablation) == 3  # the best candidates are ablated
+    rows = page.rows("#pair-card table.ablation")
+    assert [r.split("\t")[0] for r in rows] == ablation.sort_values("ablated")["ablated"].tolist()
+    for value in ablation["activation_after"]:
+        assert js_number(value) in page.text("#pair-card table.ablation")
+    # its group gates, members linked
+    groups = schemas.select(read_table(run.tables, "group_gates", [layer]))
+    groups = groups[groups["out_feature"] == out]
+    assert len(page.rows("table.group-gates")) == len(groups)
+    for g in groups.head(3).to_dict("records"):
+        for m in [*g["members_a"], *g["members_b"]]:
+            assert p.locator(f"table.group-gates a[href='#/in/{layer}/{m}']").count() >= 1
+    group = verdicts[(verdicts["layer"] == layer) & (verdicts["out_feature"] == out) & (verdicts["kind"] == "group")]
+    assert p.locator("#group-card").count() == len(group)
+    if len(group):
+        assert page.text("#group-card .verdict-text") == group["verdict"].iloc[0]
     assert p.locator("#heatmap .main-svg").count() >= 1 and p.locator("#spectrum .main-svg").count() >= 1
     # the scatter of sampled tokens: as many points per rank as the table holds for the feature
-    samples = read_table(run.tables, "lowrank_samples", [layer])
-    samples = samples[(samples["out_feature"] == out) & (samples["outputs"] == "sae")]
+    samples = schemas.select(read_table(run.tables, "lowrank_samples", [layer]))
+    samples = samples[samples["out_feature"] == out]
     points = p.evaluate("document.getElementById('samples-plot').data.filter(t => t.mode === 'markers').map(t => t.x.length)")
     assert points and set(points) == {int((samples["n_eigs"] == 1).sum())}
     # hover a heatmap cell: the pair and its coefficient; click it: links to both inputs
@@ -557,10 +1186,11 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
         p.mouse.click(cell["x"], cell["y"])
         p.wait_for_selector("#heatmap-pick a")
         assert f"/in/{layer}/{cell['ids'][0]}" in p.inner_html("#heatmap-pick")
-    p.screenshot(path=str(shots / "feature.png"))
+    page.safe()
+    p.screenshot(path=str(shots / "feature.png"), full_page=True)
 
     # a link to an input feature: the planted input description, and it builds the output we came from
-    timings["input feature (link)"] = page.after_click(f"table.gates a[href='#/in/{layer}/{a}']")
+    timings["input feature (link)"] = page.after_click(f"#pair-card h3 a[href='#/in/{layer}/{a}']")
     assert p.evaluate("location.hash") == f"#/in/{layer}/{a}"
     assert page.text("#description") == PLANTED + " (input)"
     assert f"#/out/{layer}/{out}" in p.inner_html("#in-gates")
@@ -568,16 +1198,25 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     if len(uses):
         strongest = uses.loc[uses["coefficient"].abs().idxmax()]
         assert js_number(strongest["coefficient"]) in page.text("table.builds")
-    assert p.evaluate("window.__pwned") is None
+    all_groups = schemas.select(read_table(run.tables, "group_gates", [layer]))
+    member_of = all_groups[[a in set(m1) | set(m2) for m1, m2 in zip(all_groups["members_a"], all_groups["members_b"])]]
+    assert len(page.rows("table.in-groups")) == min(50, len(member_of))
+    page.safe()
 
-    # the layer page: distributions and the best gates by layer rank, with verdicts
+    # the layer page: distributions and the circuit candidates by circuit rank, with verdicts
     timings["layer"] = page.go(f"#/layer/{layer}")
     assert p.locator("#hist-corr .main-svg").count() >= 1
-    ranked = gates[gates["layer_rank"].notna()].sort_values("layer_rank")
-    assert p.locator("table.best-gates tbody tr").count() == min(100, len(ranked))
-    first = p.locator("table.best-gates tbody tr").first.inner_text()
-    assert f"out #{int(ranked.iloc[0]['out_feature'])}" in first
-    assert js_number(ranked.iloc[0]["contribution_share"]) in first
+    mine = verdicts[verdicts["layer"] == layer]
+    for kind in ("pair", "group"):
+        ranked = mine[mine["kind"] == kind].sort_values("circuit_rank")
+        rows = page.rows(f"table.best-{kind}s")
+        assert len(rows) == min(100, len(ranked)), kind
+        first = ranked.iloc[0]
+        assert f"out #{int(first['out_feature'])}" in rows[0] and js_number(first["contribution_share"]) in rows[0]
+        assert first["verdict"] in rows[0]
+    assert "verdict: " + PLANTED in page.text("table.best-pairs")
+    page.safe()
+    p.screenshot(path=str(shots / "layer.png"), full_page=True)
 
     # feature ids that do not exist, and routes that do not exist
     for bad in (f"#/out/{layer}/99999", "#/out/77/0", f"#/in/{layer}/-3", "#/out/x/y", "#/nowhere"):
@@ -610,18 +1249,33 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
 def test_explorer_marks_missing_tables_in_a_browser(browser, demo_run, tmp_path):
     run = RunPaths(tmp_path / "partial")
     shutil.copytree(demo_run.tables, run.tables)
-    for name in ("eigen", "eigen_inputs", "gates", "feature_labels"):
+    removed = ("eigen", "eigen_inputs", "gates", "feature_labels", "group_gates", "gate_truth")
+    for name in removed:
         shutil.rmtree(run.tables / name)
     write_explorer(run)
+    layer, out = demo_run.best[:2]
     page = Page(browser, run.explorer)
-    page.open("#/out/0/0")
+    page.open(f"#/out/{layer}/{out}")
     p = page.page
-    for name in ("eigen", "eigen_inputs", "gates", "feature_labels"):
+    for name in removed:
         assert p.locator(f"#main [data-missing='{name}']").count() >= 1, name
     assert "Missing: the eigen table (not in this run)" in page.text("#main")
     assert p.locator("table.interactions").count() >= 1  # what is there is still shown
-    page.go("#/layer/0")
-    assert p.locator("#main [data-missing='gates']").count() >= 1
+    assert page.text("#pair-card .verdict-text") == "verdict: " + PLANTED  # the verdicts need none of them
+    page.go(f"#/layer/{layer}")
+    assert p.eval_on_selector_all("#main [data-missing]", "m => m.map(x => x.dataset.missing)") == ["eigen"]
+    assert p.locator("table.best-pairs").count() == 1 and p.locator("table.best-groups").count() == 1
     page.go("#/")
-    assert p.locator("#main [data-missing='gates']").count() == 1
+    assert p.locator("#main [data-missing='eigen']").count() == 1
+    assert p.locator("#main [data-missing]").count() == 1
+    # without the verdicts stage's tables
+    for name in ("gate_verdicts", "group_truth", "gate_ablation", "group_ablation"):
+        shutil.rmtree(run.tables / name)
+    write_explorer(run)
+    page.open(f"#/layer/{layer}")
+    assert p.locator("#main [data-missing='gate_verdicts']").count() >= 1
+    page.go("#/")
+    assert p.locator("#main [data-missing='gate_verdicts']").count() == 1
+    page.go(f"#/out/{layer}/{out}")
+    assert p.locator("#main [data-missing='gate_verdicts']").count() == 2  # the pair's and the group's card
     assert not page.errors, page.errors

@@ -1,24 +1,30 @@
-"""The HTML report on a tiny run: self-contained, escaped, every figure a valid PNG, wording
-that follows the labels the corpus has."""
+"""The HTML report on a tiny run: self-contained, escaped, every figure a valid PNG, the
+verdicts stage's candidates and verdicts as they are in `gate_verdicts`, wording that
+follows the labels the corpus has."""
 
 from __future__ import annotations
 
 import re
 import shutil
+from html.parser import HTMLParser
 
 import pandas as pd
 import pytest
 from PIL import Image
 
+from pipelines import schemas
 from pipelines.cli import main
-from pipelines.engine.tables import table_path, write_table
-from pipelines.analysis.features import FEATURE_LABELS_SCHEMA, FEATURES_SCHEMA
+from pipelines.engine.tables import table_path
 
 pytestmark = pytest.mark.slow
 
 PLANTED = "<b>negation</b> & 'context' \"AND\""  # must reach the page escaped, never as markup
-HEADINGS = ["Model and corpus", "SAEs", "Low-rank correlations per layer", "Gate candidates per layer"]
-SMALL = ["--scatter-rows", "24", "--dpi", "40"]
+HEADINGS = ["Model and corpus", "SAEs", "Low-rank correlations per layer", "Circuit candidates per layer"]
+KINDS = {"pair": "Input pairs", "group": "Group gates"}
+N_CANDIDATES = 3
+SMALL = ["--dpi", "40", "--n-candidates", str(N_CANDIDATES)]
+VERDICTS = ["--rows", "48", "--n-ablate", "2", "--min-cell", "3", "--ablate-rows", "48"]
+VERDICT_TABLES = ("gate_ablation", "group_gates", "group_truth", "group_ablation", "gate_verdicts")
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +36,22 @@ def run(tmp_path_factory):
     assert main(["train-saes", *base, "--train-tokens", "20480", "--batch-size", "1024", "--k", "4"]) == 0
     assert main(["circuits", *base, "--top-n", "8", "--max-rank", "4", "--corr-rows", "48", "--min-active", "3"]) == 0
     assert main(["features", *base, "--rows", "48"]) == 0
-    # plant the description on the output feature of layer 0's best gate, which the report shows
-    gates = pd.read_parquet(out / "tables" / "gates")
-    best = gates[(gates["layer"] == 0) & (gates["layer_rank"] == 1)].iloc[0]
+    assert main(["verdicts", *base, *VERDICTS]) == 0
+    # plant the description on the output feature of layer 0's best pair, which the report shows,
+    # and run the verdicts again: they carry the descriptions of their features
+    best = _verdicts(out).query("layer == 0 and kind == 'pair' and circuit_rank == 1").iloc[0]
     path = table_path(out / "tables", "features", 0, "mlp_out")
     features = pd.read_parquet(path)
     features.loc[features["feature"] == best["out_feature"], "description"] = PLANTED
-    write_table(features, out / "tables", "features", 0, FEATURES_SCHEMA, part="mlp_out")
+    schemas.write(features, out / "tables", "features", 0, part="mlp_out")
+    assert main(["verdicts", *base, *VERDICTS]) == 0
+    assert (_verdicts(out).query("layer == 0 and kind == 'pair' and circuit_rank == 1")["out_description"]
+            == PLANTED).all()
     return out
+
+
+def _verdicts(run) -> pd.DataFrame:
+    return pd.read_parquet(run / "tables" / "gate_verdicts")
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +61,153 @@ def page(run):
     return index, index.read_text(encoding="utf-8")
 
 
-def test_page_has_every_section_and_the_model_figures(page):
+class _Candidates(HTMLParser):
+    """The rows of each layer's candidate tables (under h3 "Layer L", h4 "Input pairs" or
+    "Group gates"), as cell texts, and the titles of the candidate cards."""
+
+    def __init__(self):
+        super().__init__()
+        self.tables: dict[tuple[int, str], list[list[str]]] = {}
+        self.cards: list[str] = []
+        self.layer, self.heading, self.text, self.tag = None, None, "", None
+        self.row: list[str] | None = None
+        self.in_card_title = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("h3", "h4", "td"):
+            self.tag, self.text = tag, ""
+        if tag == "tr" and self.layer is not None and self.heading in KINDS.values():
+            self.row = []
+        if tag == "div" and ("class", "card") in attrs:
+            self.heading = None
+            self.in_card_title = True
+
+    def handle_data(self, data):
+        self.text += data
+
+    def handle_endtag(self, tag):
+        if tag == "h3":
+            found = re.fullmatch(r"Layer (\d+)", self.text.strip())
+            self.layer = int(found.group(1)) if found else None
+        elif tag == "h4":
+            if self.in_card_title:
+                self.cards.append(" ".join(self.text.split()))
+                self.in_card_title = False
+            else:
+                self.heading = self.text.strip()
+        elif tag == "td" and self.row is not None:
+            self.row.append(self.text.strip())
+        elif tag == "tr" and self.row:
+            self.tables.setdefault((self.layer, self.heading), []).append(self.row)
+            self.row = None
+        elif tag == "tr":
+            self.row = None
+        elif tag == "table":
+            self.heading = None if self.heading in KINDS.values() else self.heading
+
+
+def _parse(text: str) -> _Candidates:
+    parser = _Candidates()
+    parser.feed(text)
+    return parser
+
+
+def test_page_has_every_section_and_the_model_figures(run, page):
     _, text = page
     for heading in HEADINGS:
         assert f"<h2>{heading}</h2>" in text, heading
     for layer in (0, 1):
         assert f"<h3>Layer {layer}</h3>" in text
+    for title in KINDS.values():
+        assert text.count(f"<h4>{title}</h4>") == 2, title  # one per layer
     assert "bits per byte" in text and "nats per token" in text and "documents" in text
     assert "nmse" in text and "loss_added" in text
+    # the story corpus labels negations and contexts (feature_labels has those channels)
+    channels = set(pd.read_parquet(run / "tables" / "feature_labels")["channel"])
+    assert {"negation", "context"} <= channels
     assert "comes from the corpus&#39;s own labels" in text or "comes from the corpus's own labels" in text
+    assert "carries no negation and context labels" not in text and "negation gate</th>" in text
+
+
+def _check_candidate_tables(run, text: str) -> bool:
+    """Each layer's tables list its best candidates of each kind by circuit_rank, with the
+    verdicts, members, split flags, descriptions and negation labels of `gate_verdicts`;
+    returns whether the page has the negation column."""
+    parsed = _parse(text)
+    verdicts = _verdicts(run)
+    labelled = bool(verdicts["negation_gate"].notna().any())
+    assert ("negation gate</th>" in text) == labelled  # the column where the verdicts give the label
+    for layer in (0, 1):
+        for kind, title in KINDS.items():
+            expected = verdicts[(verdicts["layer"] == layer) & (verdicts["kind"] == kind)].sort_values("circuit_rank")
+            expected = expected.head(N_CANDIDATES)
+            shown = parsed.tables.get((layer, title), [])
+            assert len(expected) > 0 and len(shown) == len(expected), (layer, kind)
+            for cells, row in zip(shown, expected.to_dict("records")):
+                assert int(cells[0]) == row["circuit_rank"] and int(cells[1]) == row["out_feature"]
+                assert cells[2].startswith(", ".join(map(str, row["members_a"])))
+                assert cells[3].startswith(", ".join(map(str, row["members_b"])))
+                assert cells[8] == ("yes" if row["split_pair"] else "")
+                assert cells[10] == row["verdict"]
+                if labelled:
+                    assert cells.pop(11) == ("yes" if row["negation_gate"] else "no")
+                assert len(cells) == 14 and cells[11] == row["out_description"]
+    return labelled
+
+
+def test_candidate_tables_show_gate_verdicts(run, page):
+    _check_candidate_tables(run, page[1])
+
+
+def test_planted_negation_gate_is_labelled_and_shown(run, tmp_path):
+    """Negation and context labels planted on the inputs of layer 0's second pair, and a boost
+    of the other class's words on its output: the verdicts call it a negation gate, and the
+    report marks it and shows it in a card of its own."""
+    planted = tmp_path / "planted"
+    shutil.copytree(run, planted)
+    pairs = _verdicts(planted).query("layer == 0 and kind == 'pair'").sort_values("circuit_rank")
+    first, second = pairs.iloc[0], pairs.iloc[1]
+    inputs = pd.read_parquet(table_path(planted / "tables", "features", 0, "resid_mid"))
+    inputs.loc[inputs["feature"] == second["in_a"], ["label", "label_share"]] = ("negation", 0.9)
+    inputs.loc[inputs["feature"] == second["in_b"], ["label", "label_share"]] = ("context=positive", 0.9)
+    schemas.write(inputs, planted / "tables", "features", 0, part="resid_mid")
+    outputs = pd.read_parquet(table_path(planted / "tables", "features", 0, "mlp_out"))
+    outputs.loc[outputs["feature"] == first["out_feature"], ["boost_label", "boost_sd"]] = (None, None)
+    outputs.loc[outputs["feature"] == second["out_feature"], ["boost_label", "boost_sd"]] = ("negative", 2.0)
+    schemas.write(outputs, planted / "tables", "features", 0, part="mlp_out")
+    assert main(["verdicts", "--out", str(planted), *VERDICTS]) == 0
+    verdicts = _verdicts(planted)
+    layer0 = verdicts[verdicts["layer"] == 0]
+    assert layer0["negation_gate"].notna().all()
+    gate = layer0[(layer0["kind"] == "pair") & layer0["negation_gate"].astype(bool)]
+    assert gate[["out_feature", "in_a", "in_b", "circuit_rank"]].values.tolist() == [
+        [second["out_feature"], second["in_a"], second["in_b"], 2]]
+    ablated = pd.read_parquet(planted / "tables" / "gate_ablation")
+    assert ((ablated["layer"] == 0) & (ablated["out_feature"] == second["out_feature"])).sum() == 3  # a, b, both
+    assert main(["report", "--out", str(planted), *SMALL]) == 0
+    text = (planted / "report" / "index.html").read_text()
+    assert _check_candidate_tables(planted, text)
+    assert "comes from the corpus&#39;s own labels" in text or "comes from the corpus's own labels" in text
+    cards = _parse(text).cards
+    assert any(c.startswith(f"Pair circuit rank 2 (negation gate): layer 0, output feature {second['out_feature']} ")
+               for c in cards), cards
+
+
+def test_cards_show_each_layers_best_candidates(run, page):
+    _, text = page
+    cards = _parse(text).cards
+    verdicts = _verdicts(run)
+    for (layer, kind), frame in verdicts.groupby(["layer", "kind"]):
+        best = frame.sort_values("circuit_rank").iloc[0]
+        title = (f"{kind.capitalize()} circuit rank 1 (best): layer {layer}, output feature {best['out_feature']} "
+                 f"← {', '.join(map(str, best['members_a']))} and {', '.join(map(str, best['members_b']))}: "
+                 f"{best['verdict']}")
+        assert title in cards, (title, cards)
+        negation = frame[frame["negation_gate"].fillna(False).astype(bool)].sort_values("circuit_rank")
+        if len(negation) and negation.iloc[0]["circuit_rank"] != 1:
+            assert any(c.startswith(f"{kind.capitalize()} circuit rank {negation.iloc[0]['circuit_rank']} "
+                                    "(negation gate)") for c in cards), cards
+    assert len(cards) == len(set(cards))
 
 
 def test_page_is_self_contained(page):
@@ -71,14 +223,20 @@ def test_page_is_self_contained(page):
 def test_feature_descriptions_are_escaped(page):
     _, text = page
     assert PLANTED not in text
-    assert "&lt;b&gt;negation&lt;/b&gt; &amp;" in text
+    # in the candidate table (gate_verdicts' out_description) and in the card (the features table)
+    assert text.count("&lt;b&gt;negation&lt;/b&gt; &amp;") >= 2
 
 
 def test_figures_are_valid_pngs(page):
     index, text = page
     pngs = sorted(index.parent.glob("*.png"))
     assert {p.name for p in pngs} == set(re.findall(r'src="([^"]*)"', text))
-    assert any(p.name.endswith("_scatter.png") for p in pngs) and any(p.name.endswith("_interactions.png") for p in pngs)
+    for suffix in ("_scatter.png", "_interactions.png", "_eigen.png"):
+        assert any(p.name.endswith(suffix) for p in pngs), suffix
+    # a scatter for each card's output from lowrank_samples: pair and group cards of both layers
+    for layer in (0, 1):
+        for kind in KINDS:
+            assert any(p.name.startswith(f"L{layer}_") and p.name.endswith(f"_{kind}_scatter.png") for p in pngs)
     for png in pngs:
         with Image.open(png) as image:
             image.verify()
@@ -96,22 +254,49 @@ def test_rewriting_leaves_no_stale_files(run, page):
 def test_missing_tables_leave_notes(run, tmp_path):
     bare = tmp_path / "bare"
     shutil.copytree(run, bare)
-    for name in ("lowrank", "gates", "gate_truth", "gate_ablation", "features", "feature_labels"):
+    for name in ("lowrank", "lowrank_samples", "gates", "gate_truth", "features", "feature_labels", *VERDICT_TABLES):
         shutil.rmtree(bare / "tables" / name)
     assert main(["report", "--out", str(bare), *SMALL]) == 0
     text = (bare / "report" / "index.html").read_text()
     for heading in HEADINGS:
         assert f"<h2>{heading}</h2>" in text
     assert text.count("Not available") >= 3
+    assert text.count("no gate_verdicts table for this layer") == 2
+
+
+def test_cards_without_their_detail_tables(run, tmp_path):
+    """With gate_verdicts but none of the tables a card's details come from, the candidates
+    are still listed and the cards shown, without truth tables, ablations or scatter."""
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare)
+    for name in ("lowrank_samples", "gate_truth", "gate_ablation", "group_truth", "group_ablation"):
+        shutil.rmtree(bare / "tables" / name)
+    assert main(["report", "--out", str(bare), *SMALL]) == 0
+    text = (bare / "report" / "index.html").read_text()
+    parsed = _parse(text)
+    assert all(parsed.tables.get((layer, title)) for layer in (0, 1) for title in KINDS.values())
+    assert parsed.cards and "cell (a, b)" not in text and "pre_change_predicted" not in text
+    assert not list((bare / "report").glob("*_scatter.png"))
 
 
 def test_wording_without_ground_truth(run, tmp_path):
+    """A corpus without negation and context labels: the verdicts give no negation label, and
+    the report says so."""
     bare = tmp_path / "bare"
     shutil.copytree(run, bare)
+    for path in (bare / "tables" / "features").rglob("*.parquet"):
+        features = pd.read_parquet(path)
+        ground_truth = features["label"].isin(["negation"]) | features["label"].str.startswith("context=", na=False)
+        features.loc[ground_truth, ["label", "label_share"]] = None
+        schemas.write(features, bare / "tables", "features", int(features["layer"].iloc[0]), part=path.stem)
     for path in (bare / "tables" / "feature_labels").rglob("*.parquet"):
         labels = pd.read_parquet(path)
-        write_table(labels[labels["channel"] == "lexicon"], bare / "tables", "feature_labels",
-                    int(labels["layer"].iloc[0]), FEATURE_LABELS_SCHEMA, part=path.stem)
+        schemas.write(labels[labels["channel"] == "lexicon"], bare / "tables", "feature_labels",
+                      int(labels["layer"].iloc[0]), part=path.stem)
+    assert main(["verdicts", "--out", str(bare), *VERDICTS]) == 0  # the features changed: computed again
+    verdicts = _verdicts(bare)
+    assert len(verdicts) and verdicts["negation_gate"].isna().all()
     assert main(["report", "--out", str(bare), *SMALL]) == 0
     text = (bare / "report" / "index.html").read_text()
     assert "carries no negation and context labels" in text and "negation gate</th>" not in text
+    assert "(negation gate)" not in text

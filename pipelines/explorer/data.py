@@ -9,17 +9,20 @@ fetch() there). The files (`data/<name>.js`):
 
 - `meta`: the run's name, layers, input sites, which tables are present (and why the others
   are not), the number of features per (layer, site), SAE metrics, the mean low-rank
-  correlation per rank, HOSVD singular values and the gate verdicts
-  (`pipelines.analysis.verdicts.gate_verdicts`, for the candidates with a truth table).
+  correlation per rank and HOSVD singular values.
 - `index`: one row per output feature (site mlp_out) of every layer: description,
   frequency, top tokens; and per input site the summary numbers of each row (rank-2
-  correlation, the best data-ranked gate pair, the top eigenvalue's energy share).
+  correlation, its circuit candidate pair and best group gate with their circuit ranks, the
+  top eigenvalue's energy share).
 - `features_L<l>`: the `features` and `feature_labels` rows of layer l, every site.
-- `circuits_L<l>_<site>`: the `interactions`, `gates`, `gate_truth`, `gate_ablation`,
-  `eigen`, `eigen_inputs` and `lowrank` rows of layer l whose input SAE reads `site`, for
-  the output SAE's features (`outputs == "sae"`), sorted by output feature.
-- `samples_L<l>_<site>`: the same for `lowrank_samples` (ranks 1, 2 and the largest
-  stored), in a file of its own: only a scatter plot needs it, after the page is shown.
+- `circuits_L<l>_<site>`: the circuit tables of layer l whose input SAE reads `site`, for
+  the output SAE's features (`outputs == "sae"`): interactions, gates and the truth tables the
+  pages show (each output's best pair and its circuit candidate), eigen, eigen_inputs,
+  lowrank, group gates and their truth tables, and the ablations.
+- `verdicts_L<l>_<site>`: the `gate_verdicts` rows (as the verdicts stage wrote them), for
+  the layer page and the feature pages.
+- `samples_L<l>_<site>`: `lowrank_samples` (the rows `pipelines.report.inputs.scatter_samples`
+  picks, as the report's scatter), in a file of its own: only a scatter plot needs it.
 
 A table is `{"n": rows, "columns": {name: [values]}, "categories": {name: [labels]}}`; a
 column named in "categories" holds integer codes into its labels (-1 for null). Floats
@@ -37,54 +40,29 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from pipelines.analysis.verdicts import best_candidates, gate_verdicts
+from circuits.sae_basis import INPUT_SITES
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.tables import read_table
+from pipelines.report.inputs import scatter_samples
+from pipelines.schemas import TABLES, select
 
 DIGITS = 4
 OUTPUT_SITE = "mlp_out"
-INPUT_SITE_ORDER = ("resid_mid", "mlp_in")
 CORR_RANK = 2  # the rank whose low-rank correlation the index shows (or the largest below it)
 
-# the columns each table needs (a table lacking one is reported missing), the columns
-# exported, those written as category codes, and the export's sort order
-CIRCUIT_TABLES = {
-    "interactions": dict(need=["layer", "out_feature", "rank", "in_a", "in_b", "kind", "coefficient"],
-                         cats=["kind"], sort=["out_feature", "kind", "rank"]),
-    "gates": dict(need=["layer", "out_feature", "in_a", "in_b", "and_score", "cross", "self_a", "self_b",
-                        "weight_rank", "n_active", "coactivation", "mean_contribution", "contribution_share",
-                        "and_data", "data_rank", "layer_rank"], cats=[], sort=["out_feature", "weight_rank"]),
-    "gate_truth": dict(need=["layer", "out_feature", "in_a", "in_b", "layer_rank", "cell", "n_tokens",
-                             "mean_activation", "active_share", "quantile_activation"],
-                       cats=["cell"], sort=["out_feature", "layer_rank", "cell"]),
-    "gate_ablation": dict(need=["layer", "out_feature", "in_a", "in_b", "layer_rank", "ablated", "n_tokens",
-                                "activation_before", "activation_after", "pre_before", "pre_after",
-                                "pre_change_predicted", "logprob_before", "logprob_after"],
-                          cats=["ablated"], sort=["out_feature", "layer_rank", "ablated"]),
-    "eigen": dict(need=["layer", "out_feature", "rank", "eigenvalue", "energy_share", "activation_share"],
-                  cats=[], sort=["out_feature", "rank"]),
-    "eigen_inputs": dict(need=["layer", "out_feature", "eigen_rank", "input_rank", "in_feature", "cosine"],
-                         cats=[], sort=["out_feature", "eigen_rank", "input_rank"]),
-    "lowrank": dict(need=["layer", "out_feature", "n_eigs", "n_active", "corr_active"], cats=[],
-                    sort=["out_feature", "n_eigs"]),
-    "lowrank_samples": dict(need=["layer", "out_feature", "n_eigs", "activation", "approx", "offset"],
-                            cats=[], sort=["out_feature", "n_eigs", "sample"], file="samples"),
+# which data file each table of a layer and input site goes into (the columns, their order,
+# the rows' order and which columns are coded come from the registry, `pipelines.schemas`)
+FILES = {
+    "circuits": ("interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "group_gates",
+                 "group_truth", "gate_ablation", "group_ablation"),
+    "verdicts": ("gate_verdicts",),
+    "samples": ("lowrank_samples",),
 }
-SAMPLE_RANKS = (1, 2)  # ranks of lowrank_samples exported, with the largest stored
-FEATURE_COLUMNS = ["site", "feature", "frequency", "max_activation", "mean_activation", "top_contexts",
-                   "top_tokens", "sample_contexts", "sample_quantiles", "top_token", "top_token_share",
-                   "is_token_feature", "boosted_tokens", "suppressed_tokens", "label", "label_share", "boost_label",
-                   "boost_sd", "description"]
-OTHER_TABLES = {
-    "features": dict(need=["layer", "site", "feature", "description"], cats=["site"], sort=["site", "feature"]),
-    "feature_labels": dict(need=["layer", "site", "feature", "channel", "class", "kind", "value"],
-                           cats=["site", "channel", "class", "kind"], sort=["site", "feature", "kind", "channel", "class"]),
-    "sae_metrics": dict(need=["layer", "site"], cats=[], sort=["layer", "site"]),
-    "hosvd": dict(need=["layer", "component", "singular_value"], cats=[], sort=["layer", "component"]),
-}
-TABLES = {**CIRCUIT_TABLES, **OTHER_TABLES}
-VERDICT_COLUMNS = ["layer", "out_feature", "in_a", "in_b", "layer_rank", "verdict", "is_and", "negation_gate",
-                   "drop_a", "drop_b", "drop_both", "both_tokens", "apart_tokens"]
+LAYER_TABLES = tuple(name for names in FILES.values() for name in names)
+OTHER_TABLES = ("features", "feature_labels", "sae_metrics", "hosvd")
+PER_LAYER = ("layer", "outputs", "input_site")  # the same on every row of a per-layer file: left out
+LEFT_OUT = {"gate_verdicts": ("out_description", "a_description", "b_description"),  # the page has the features
+            "features": ("layer",), "feature_labels": ("layer", "lift")}
 
 
 # ------------------------------------------------------------------ encoding
@@ -165,7 +143,7 @@ def encode_table(df: pd.DataFrame | None, columns: list[str] | None = None, cate
     if df is None:
         return None
     columns = [c for c in (columns or list(df.columns)) if c in df.columns]
-    table = {"n": int(len(df)), "columns": {}, "categories": {}}
+    table = {"n": len(df), "columns": {}, "categories": {}}
     for c in columns:
         values, labels = encode_column(df[c], c in categories)
         table["columns"][c] = values
@@ -216,16 +194,9 @@ class RunTables:
         return self.frames.get(name)
 
 
-def _keep_sae_outputs(df: pd.DataFrame) -> pd.DataFrame:
-    if "outputs" not in df.columns:
-        return df
-    outputs = df["outputs"].astype(object)
-    return df[outputs.isna() | (outputs == "sae")].reset_index(drop=True)
-
-
 def load_tables(run: RunPaths) -> RunTables:
     out = RunTables()
-    for name, spec in TABLES.items():
+    for name in (*LAYER_TABLES, *OTHER_TABLES):
         try:
             df = read_table(run.tables, name)
         except FileNotFoundError:
@@ -234,12 +205,12 @@ def load_tables(run: RunPaths) -> RunTables:
         except (OSError, pa.ArrowException, ValueError) as error:
             out.missing[name] = f"unreadable ({type(error).__name__}: {error})"
             continue
-        lacking = [c for c in spec["need"] if c not in df.columns]
+        lacking = [c for c in TABLES[name].names if c not in df.columns]
         if lacking:
             out.missing[name] = f"lacks columns {', '.join(lacking)}"
             continue
-        if name in CIRCUIT_TABLES:
-            df = _keep_sae_outputs(df)
+        if name in LAYER_TABLES:
+            df = select(df, input_site=None)
             if df.empty:
                 out.missing[name] = "no rows for the output SAE's features"
                 continue
@@ -250,22 +221,14 @@ def load_tables(run: RunPaths) -> RunTables:
 def input_sites(tables: RunTables) -> list[str]:
     """Input sites of the circuit tables, the preferred (resid_mid) first."""
     found = set()
-    for name in CIRCUIT_TABLES:
+    for name in LAYER_TABLES:
         df = tables.get(name)
         if df is not None and "input_site" in df.columns:
             found |= {str(s) for s in df["input_site"].dropna().unique()}
-    if not found and any(tables.get(n) is not None for n in CIRCUIT_TABLES):
-        found = {INPUT_SITE_ORDER[0]}
-    order = {s: i for i, s in enumerate(INPUT_SITE_ORDER)}
+    if not found and any(tables.get(n) is not None for n in LAYER_TABLES):
+        found = {INPUT_SITES[0]}
+    order = {s: i for i, s in enumerate(INPUT_SITES)}
     return sorted(found, key=lambda s: (order.get(s, len(order)), s))
-
-
-def for_site(df: pd.DataFrame | None, site: str) -> pd.DataFrame | None:
-    """Rows of a circuit table computed from input site `site` (rows with no site match any)."""
-    if df is None or "input_site" not in df.columns:
-        return df
-    sites = df["input_site"].astype(object)
-    return df[sites.isna() | (sites == site)]
 
 
 def run_layers(tables: RunTables) -> list[int]:
@@ -292,19 +255,24 @@ def feature_counts(tables: RunTables, sites: list[str]) -> dict[tuple[int, str],
     if features is not None:
         for (layer, site), n in features.groupby(["layer", "site"])["feature"].max().items():
             grow(layer, site, n + 1)
-    for name in CIRCUIT_TABLES:
+    for name in LAYER_TABLES:
         df = tables.get(name)
         if df is None:
             continue
         for layer, n in df.groupby("layer")["out_feature"].max().items():
             grow(layer, OUTPUT_SITE, n + 1)
         for site in sites:
-            mine = for_site(df, site)
-            for column in ("in_a", "in_b", "in_feature"):
-                if column in mine.columns and len(mine):
-                    for layer, n in mine.groupby("layer")[column].max().items():
-                        if n >= 0:
-                            grow(layer, site, n + 1)
+            mine = select(df, site, None)
+            if mine.empty:
+                continue
+            for column in ("in_a", "in_b", "in_feature", "members_a", "members_b"):
+                if column not in mine.columns:
+                    continue
+                ids = mine[["layer", column]].explode(column) if column.startswith("members") else mine[["layer", column]]
+                ids = ids.assign(**{column: pd.to_numeric(ids[column], errors="coerce")}).dropna()
+                for layer, n in ids.groupby("layer")[column].max().items():
+                    if n >= 0:  # -1: the constant coordinate
+                        grow(layer, site, n + 1)
     return counts
 
 
@@ -346,24 +314,24 @@ def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts:
     stats = {}
     for site in sites:
         frame = base[["layer", "feature"]]
-        lowrank = for_site(tables.get("lowrank"), site)
+        lowrank = select(tables.get("lowrank"), site)
         if lowrank is not None:
             sel = lowrank[lowrank["n_eigs"] == rank].drop_duplicates(["layer", "out_feature"])
             frame = frame.merge(sel[["layer", "out_feature", "corr_active", "n_active"]]
                                 .rename(columns={"out_feature": "feature", "corr_active": "corr"}),
                                 on=["layer", "feature"], how="left")
-        gates = for_site(tables.get("gates"), site)
-        if gates is not None:
-            best = gates[gates["data_rank"] == 1].drop_duplicates(["layer", "out_feature"])
-            best = best[["layer", "out_feature", "in_a", "in_b", "contribution_share", "and_score", "and_data",
-                         "coactivation", "layer_rank"]].rename(
-                columns={"out_feature": "feature", "in_a": "gate_a", "in_b": "gate_b",
-                         "contribution_share": "gate_share", "and_score": "gate_and_score",
-                         "and_data": "gate_and_data", "coactivation": "gate_coactivation"})
-            frame = frame.merge(best, on=["layer", "feature"], how="left")
-            for c in ("gate_a", "gate_b", "layer_rank"):
-                frame[c] = frame[c].astype("Int64")
-        eigen = for_site(tables.get("eigen"), site)
+        verdicts = select(tables.get("gate_verdicts"), site)
+        if verdicts is not None:
+            for kind, prefix in (("pair", "gate"), ("group", "group")):
+                best = verdicts[verdicts["kind"] == kind].drop_duplicates(["layer", "out_feature"])
+                best = best[["layer", "out_feature", "circuit_rank", "contribution_share", "and_data", "coactivation",
+                             "split_pair", "members_a", "members_b"]].rename(columns={
+                    "out_feature": "feature", "circuit_rank": f"{prefix}_rank", "contribution_share": f"{prefix}_share",
+                    "and_data": f"{prefix}_and_data", "coactivation": f"{prefix}_coactivation",
+                    "split_pair": f"{prefix}_split", "members_a": f"{prefix}_a", "members_b": f"{prefix}_b"})
+                frame = frame.merge(best, on=["layer", "feature"], how="left")
+                frame[f"{prefix}_rank"] = frame[f"{prefix}_rank"].astype("Int64")
+        eigen = select(tables.get("eigen"), site)
         if eigen is not None:
             top = eigen[eigen["rank"] == 1].drop_duplicates(["layer", "out_feature"])
             frame = frame.merge(top[["layer", "out_feature", "eigenvalue", "energy_share"]]
@@ -376,55 +344,50 @@ def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts:
     return {"features": encode_table(base), "stats": stats, "corr_rank": rank}
 
 
+def _export(df: pd.DataFrame, name: str) -> dict | None:
+    """Rows of table `name` in the registry's order, its columns but those a file leaves out."""
+    spec = TABLES[name]
+    drop = set(PER_LAYER) | set(LEFT_OUT.get(name, ()))
+    order = [c for c in spec.sort if c in df.columns]
+    rows = df.sort_values(order, kind="stable") if order else df
+    return encode_table(rows, [c for c in spec.names if c not in drop], spec.categories)
+
+
 def features_bundle(tables: RunTables, layer: int) -> dict:
-    features, labels = tables.get("features"), tables.get("feature_labels")
-    out = {"features": None, "feature_labels": None}
-    if features is not None:
-        mine = features[features["layer"] == layer].sort_values(["site", "feature"])
-        out["features"] = encode_table(mine, FEATURE_COLUMNS, ["site"])
-    if labels is not None:
-        spec = OTHER_TABLES["feature_labels"]
-        mine = labels[labels["layer"] == layer].sort_values(spec["sort"])
-        out["feature_labels"] = encode_table(mine, ["site", "feature", "channel", "class", "kind", "value",
-                                                    "n_tokens"], spec["cats"])
+    out = {}
+    for name in ("features", "feature_labels"):
+        df = tables.get(name)
+        out[name] = None if df is None else _export(df[df["layer"] == layer], name)
     return out
 
 
-def circuits_bundle(tables: RunTables, layer: int, site: str, file: str = "circuits") -> dict:
-    """The circuit tables of data file `file` (`circuits` or `samples`) for one layer and site."""
+def data_bundle(tables: RunTables, layer: int, site: str, file: str) -> dict:
+    """The tables of data file `file` (see `FILES`) for one layer and input site."""
     out = {}
-    for name, spec in CIRCUIT_TABLES.items():
-        if spec.get("file", "circuits") != file:
-            continue
-        df = for_site(tables.get(name), site)
+    for name in FILES[file]:
+        df = select(tables.get(name), site)
         if df is None:
             out[name] = None
             continue
-        mine = df[df["layer"] == layer].sort_values(spec["sort"], kind="stable")
-        if name == "lowrank_samples" and len(mine):  # the scatter shows these ranks only
-            mine = mine[mine["n_eigs"].isin([*SAMPLE_RANKS, int(mine["n_eigs"].max())])]
-        columns = [c for c in spec["need"] if c != "layer"]
-        out[name] = encode_table(mine, columns, spec["cats"])
+        mine = df[df["layer"] == layer]
+        if name == "gate_truth":  # only the truth tables the pages show: of the verdicts' pairs and the best
+            mine = _shown_truth(mine, select(tables.get("gate_verdicts"), site), layer)
+        if name == "lowrank_samples":
+            mine = pd.concat([scatter_samples(mine, layer, int(f)) for f in mine["out_feature"].unique()]) \
+                if len(mine) else mine
+        out[name] = _export(mine, name)
     return out
 
 
-def verdicts_table(tables: RunTables, site: str) -> tuple[pd.DataFrame | None, str | None]:
-    """Verdicts on the candidates that have a truth table (or None, with the reason)."""
-    gates, truth = for_site(tables.get("gates"), site), for_site(tables.get("gate_truth"), site)
-    if gates is None or truth is None or truth.empty:
-        return None, "needs the gates and gate_truth tables"
-    n = int(truth["layer_rank"].max())
-    verdicts = gate_verdicts(best_candidates(gates, n, distinct_pairs=False), for_site(tables.get("gate_ablation"), site),
-                             tables.get("features"), tables.get("feature_labels"))
-    if verdicts.empty:
-        return None, "no data-ranked candidates"
-    have = truth[["layer", "out_feature", "in_a", "in_b"]].drop_duplicates()
-    verdicts = verdicts.merge(have, on=["layer", "out_feature", "in_a", "in_b"])
-    for c in VERDICT_COLUMNS:
-        if c not in verdicts.columns:
-            verdicts[c] = np.nan
-    verdicts["negation_gate"] = verdicts["negation_gate"].astype(object)
-    return verdicts[VERDICT_COLUMNS], None
+def _shown_truth(truth: pd.DataFrame, verdicts: pd.DataFrame | None, layer: int) -> pd.DataFrame:
+    """The gate_truth rows of each output's best data-ranked pair and of its circuit candidate."""
+    keys = ["out_feature", "in_a", "in_b"]
+    keep = truth["layer_rank"].notna()
+    if verdicts is not None:
+        pairs = verdicts[(verdicts["layer"] == layer) & (verdicts["kind"] == "pair")][keys].dropna().astype("int64")
+        chosen = pd.MultiIndex.from_frame(pairs)
+        keep |= pd.MultiIndex.from_frame(truth[keys].astype("int64")).isin(chosen)
+    return truth[keep.to_numpy()]
 
 
 def _lowrank_curves(lowrank: pd.DataFrame | None) -> dict | None:
@@ -453,18 +416,14 @@ def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list
         "sae_metrics": encode_table(metrics.sort_values(["layer", "site"]) if metrics is not None else None),
         "report": (run.report / "index.html").is_file(),
         "digits": DIGITS,
-        "lowrank": {}, "hosvd": {}, "verdicts": {}, "verdicts_missing": {},
+        "lowrank": {}, "hosvd": {},
     }
     for site in sites:
-        meta["lowrank"][site] = _lowrank_curves(for_site(tables.get("lowrank"), site))
+        meta["lowrank"][site] = _lowrank_curves(select(tables.get("lowrank"), site))
         if hosvd is not None:
-            mine = for_site(hosvd, site).sort_values(["layer", "component"])
+            mine = select(hosvd, site, None).sort_values(["layer", "component"])
             meta["hosvd"][site] = {str(int(k)): _floats(g["singular_value"].to_numpy())
                                    for k, g in mine.groupby("layer")}
-        verdicts, why = verdicts_table(tables, site)
-        meta["verdicts"][site] = encode_table(verdicts)
-        if why:
-            meta["verdicts_missing"][site] = why
     return meta
 
 
@@ -479,6 +438,6 @@ def bundles(run: RunPaths) -> dict[str, object]:
     for layer in layers:
         out[f"features_L{layer}"] = features_bundle(tables, layer)
         for site in sites:
-            out[f"circuits_L{layer}_{site}"] = circuits_bundle(tables, layer, site)
-            out[f"samples_L{layer}_{site}"] = circuits_bundle(tables, layer, site, "samples")
+            for file in FILES:
+                out[f"{file}_L{layer}_{site}"] = data_bundle(tables, layer, site, file)
     return out

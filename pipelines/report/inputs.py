@@ -1,9 +1,10 @@
-"""What the report shows, gathered from the run's tables and, for a few figures, the model.
+"""What the report shows, gathered from the run's tables and, for one figure, the weights.
 
 Tables are read for the chosen layers and for one set of circuit tables per layer: the
-output SAE's features analysed from the input SAE at `input_site`. Figures that need more
-than the tables (the approximation scatter, the interaction heatmap) compute it with
-`circuits`, from the same model and SAEs the tables were computed with (checked).
+output SAE's features analysed from the input SAE at `input_site`. Every number and every
+verdict comes from a table; only the interaction heatmap, a block of `Qt` the tables do not
+hold whole, is computed with `circuits` from the same model and SAEs the tables were
+computed with (checked).
 """
 
 from __future__ import annotations
@@ -16,84 +17,63 @@ import torch
 
 from circuits.bilinear import interaction_matrices
 from circuits.sae_basis import input_basis, project
-from circuits.spectra import eigh_by_magnitude, lowrank_at
 from circuits.weights import from_hooked_transformer
-from pipelines.analysis.verdicts import best_candidates, circuit_part, gate_verdicts, negation_candidates
+from pipelines import schemas
 from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
-from pipelines.engine.tables import read_table
-from sae.activations import iter_activations
+from pipelines.inputs import LayerSAEs
 
-TABLES = ("sae_metrics", "lowrank", "eigen", "eigen_inputs", "gates", "gate_truth", "gate_ablation", "interactions",
-          "features", "feature_labels")
+TABLES = ("sae_metrics", "lowrank", "lowrank_samples", "eigen", "eigen_inputs", "gates", "gate_truth",
+          "gate_ablation", "group_gates", "group_truth", "group_ablation", "gate_verdicts", "interactions", "features",
+          "feature_labels")
+SCATTER_RANKS = (1, 2)  # ranks of lowrank_samples a scatter shows, with the largest stored
 
 
 @dataclass
 class ReportData:
-    """The run's tables (None where missing) for the chosen layers and circuit part."""
+    """The run's tables (None where missing) for the chosen layers and input site."""
 
     run: RunPaths
     layers: list[int]
     tables: dict[str, pd.DataFrame | None]
     lm_summary: dict | None
     model_config: dict | None
-    verdicts: pd.DataFrame | None = None  # each layer's best candidates
-    negation: pd.DataFrame | None = None  # each layer's best candidate labelled a negation gate
-    has_ground_truth: bool = False
     notes: list[str] = field(default_factory=list)
 
     def table(self, name: str) -> pd.DataFrame | None:
         return self.tables.get(name)
 
+    @property
+    def verdicts(self) -> pd.DataFrame | None:
+        """The verdicts stage's table (`gate_verdicts`): what the report says of every candidate."""
+        return self.tables.get("gate_verdicts")
 
-def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_dir, n_candidates: int) -> ReportData:
-    tables = {}
-    for name in TABLES:
-        try:
-            frame = read_table(run.tables, name, layers)
-        except FileNotFoundError:
-            frame = None
-        tables[name] = circuit_part(frame, input_site)
-    summary = read_json(model_dir / "summary.json")
-    config = read_json(model_dir / "config.json")
-    labels = tables["feature_labels"]
-    ground = labels is not None and not labels.empty and {"negation", "context"} <= set(labels["channel"])
-    data = ReportData(run, layers, tables, summary, config, has_ground_truth=ground)
-    gates = tables["gates"]
-    if gates is not None and "layer_rank" in gates:
-        data.verdicts = gate_verdicts(best_candidates(gates, n_candidates), tables["gate_ablation"],
-                                      tables["features"], labels)
-        if ground:
-            data.negation = gate_verdicts(negation_candidates(gates, labels), tables["gate_ablation"],
-                                          tables["features"], labels)
-    return data
+    @property
+    def has_ground_truth(self) -> bool:
+        """Whether the verdicts could label negation gates (the corpus has such labels)."""
+        v = self.verdicts
+        return v is not None and len(v) > 0 and v["negation_gate"].notna().any()
 
 
-@torch.no_grad()
-def scatter_points(model, rows, n_rows: int, layer: int, feature: int, saes, ranks: list[int]):
-    """For output `feature` of `layer`, over its active held-out tokens: the rank-r
-    approximations `[n, len(ranks)]` (`circuits.spectra.lowrank_at`) and activations `[n]`."""
-    mlp = from_hooked_transformer(model, layer).to(torch.float64)
-    u = saes.sae_out.weights.W_enc.T[feature : feature + 1].double()
-    lam, V = eigh_by_magnitude(interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, u))
-    approx, acts = [], []
-    points = [(layer, "mlp_in"), (layer, "mlp_out")]
-    for _, tokens in rows.iter_batches(32, n_rows):
-        for found in iter_activations(model, tokens, points, rows.keep(tokens)):
-            act = saes.sae_out.weights.encode(found[(layer, "mlp_out")])[:, feature]
-            token = (act != 0).nonzero(as_tuple=True)[0]
-            if token.numel() == 0:
-                continue
-            x = found[(layer, "mlp_in")].double()
-            cumulative = lowrank_at(x, lam, V, token, torch.zeros_like(token))
-            approx.append(cumulative[:, [r - 1 for r in ranks]])
-            acts.append(act[token].double())
-    if not acts:
-        return np.zeros((0, len(ranks))), np.zeros(0)
-    return torch.cat(approx).numpy(), torch.cat(acts).numpy()
+def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_dir) -> ReportData:
+    tables = {name: schemas.select(schemas.read(run.tables, name, layers), input_site) for name in TABLES}
+    return ReportData(run, layers, tables, read_json(model_dir / "summary.json"), read_json(model_dir / "config.json"))
 
 
-def interaction_submatrix(model, layer: int, feature: int, saes, inputs: list[int]) -> np.ndarray:
+def scatter_samples(samples: pd.DataFrame | None, layer: int, feature: int) -> pd.DataFrame:
+    """The `lowrank_samples` rows a scatter of one output feature shows (the report's and the
+    explorer's): ranks 1, 2 and the largest stored."""
+    if samples is None or samples.empty:
+        return pd.DataFrame(columns=schemas.TABLES["lowrank_samples"].names)
+    mine = samples[(samples["layer"] == layer) & (samples["out_feature"] == feature)] if "layer" in samples \
+        else samples[samples["out_feature"] == feature]
+    if mine.empty:
+        return mine
+    ranks = [*SCATTER_RANKS, int(mine["n_eigs"].max())]
+    return mine[mine["n_eigs"].isin(ranks)].sort_values(["n_eigs", "sample"])
+
+
+def interaction_submatrix(model, layer: int, feature: int, saes: LayerSAEs, inputs: list[int]) -> np.ndarray:
     """`Qt` of one output feature over the given input features (`circuits.sae_basis.project`)."""
     mlp = from_hooked_transformer(model, layer).to(torch.float64)
     w_in = saes.sae_in.weights

@@ -1,10 +1,11 @@
 """Write the report: `<run>/report/index.html` and its PNG figures, self-contained.
 
 Sections: the model and corpus (loss in nats and bits per byte), SAE quality, low-rank
-correlations per layer, and for every layer its best gate candidates ranked by what they
-contribute on held-out tokens, with the best ones in detail: interaction heatmap, spectrum,
-truth table, ablations and the approximation scatter. Missing tables leave a note in place
-of their section. The page links to the explorer when the run has one.
+correlations per layer, and for every layer its best circuit candidates by `circuit_rank`,
+input pairs and group gates, with the verdicts stage's verdicts (`gate_verdicts`), the best
+ones in detail: interaction heatmap, spectrum, truth table, ablations and the
+approximation scatter (from `lowrank_samples`). Missing tables leave a note in place of
+their section. The page links to the explorer when the run has one.
 """
 
 from __future__ import annotations
@@ -22,38 +23,36 @@ from circuits.config import Config, option
 from pipelines.engine.files import atomic_dir
 from pipelines.engine.paths import RunPaths
 from pipelines.report import figures
-from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_points
+from pipelines.inputs import LayerSAEs, ModelInputs, SAEPaths, check_tables_match, layer_saes
+from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
 INDEX = "index.html"
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
-CANDIDATE_COLUMNS = ["layer_rank", "out_feature", "in_a", "in_b", "gate_score", "contribution_share", "coactivation",
-                     "and_data", "and_score", "verdict"]
+CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_score",
+                     "contribution_share", "coactivation", "and_data", "split_pair", "drop_a", "drop_b", "verdict",
+                     "negation_gate", "out_description", "a_description", "b_description"]
 
 
 @dataclass(frozen=True)
 class ReportConfig(Config):
     """What the report shows and how much it computes (about a minute on the demo)."""
 
-    n_candidates: int = option(8, "gate candidates per layer in each layer's table", low=1)
-    cards_per_layer: int = option(1, "best candidates per layer shown in detail", low=0)
+    n_candidates: int = option(8, "circuit candidates per layer in each layer's tables (pairs, groups)", low=1)
+    cards_per_layer: int = option(1, "best candidates per layer and kind shown in detail", low=0)
     n_inputs: int = option(8, "input features per interaction heatmap", low=2)
     n_eigen_bars: int = option(16, "largest eigenvalues drawn per spectrum", low=1)
-    scatter_rows: int = option(256, "held-out rows run through the model for the scatter plots", low=1)
     hist_rank: int = option(2, "rank whose correlations are histogrammed and quoted", low=1)
     dpi: int = option(100, "resolution of the PNG figures", low=20)
 
 
-def write_report(run: RunPaths, cfg: ReportConfig, inputs, layers: list[int], store=None,
-                 sae_paths: dict | None = None, input_site: str = "resid_mid") -> Path:
+def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: list[int], *,
+                 sae_paths: dict[int, SAEPaths] | None = None, input_site: str = "resid_mid") -> Path:
     """Write the report of `layers` (see the module docstring); returns the page's path.
 
-    `inputs` is the `pipelines.stages.ModelInputs` the tables were computed with; `store`
-    (a token store) feeds the scatter plots; `sae_paths[layer]` are explicit SAEs, checked
-    against those the tables record.
+    `inputs` is the model the tables were computed with; `sae_paths[layer]` are explicit
+    SAEs, checked against those the tables record.
     """
-    from pipelines.stages import check_tables_match, layer_saes
-
-    data = load_report_data(run, layers, input_site, inputs.folder, cfg.n_candidates)
+    data = load_report_data(run, layers, input_site, inputs.folder)
     saes = {}
     for layer in layers:
         explicit = (sae_paths or {}).get(layer)
@@ -71,7 +70,7 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs, layers: list[int], st
         steps.update(1)
         page["layers"] = []
         for layer in layers:
-            page["layers"].append(_layer_section(data, layer, pictures, cfg, inputs, store, saes.get(layer)))
+            page["layers"].append(_layer_section(data, layer, pictures, cfg, inputs, saes.get(layer)))
             steps.update(1)
         page["explorer"] = (run.explorer / "index.html").is_file()
         html = _environment().get_template("report.html").render(**page)
@@ -96,6 +95,8 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("pipelines.report", "templates"),
                              autoescape=jinja2.select_autoescape(["html"]))
     env.filters["num"] = _number
+    env.filters["pct"] = lambda v: "" if pd.isna(v) else f"{v:.0%}"
+    env.filters["keeps"] = lambda v: "" if pd.isna(v) else f"{1 - v:.0%}"
     return env
 
 
@@ -152,45 +153,47 @@ def _label(data: ReportData, layer: int, sites: tuple[str, ...], feature: int) -
     return f"#{feature} {text}".strip()
 
 
-def _layer_section(data: ReportData, layer: int, pictures: _Pictures, cfg: ReportConfig, inputs, store, saes) -> dict:
-    section = {"layer": layer, "candidates": None, "cards": []}
+def _layer_section(data: ReportData, layer: int, pictures: _Pictures, cfg: ReportConfig, inputs: ModelInputs,
+                   saes: LayerSAEs | None) -> dict:
+    section = {"layer": layer, "kinds": [], "cards": []}
     verdicts = data.verdicts
     if verdicts is None or verdicts.empty:
         return section
-    mine = verdicts[verdicts["layer"] == layer].sort_values("layer_rank")
-    if mine.empty:
-        return section
-    section["candidates"] = [
-        {**{c: row[c] for c in CANDIDATE_COLUMNS}, "negation_gate": row["negation_gate"],
-         "out": row["out_description"], "a": row["a_description"], "b": row["b_description"]}
-        for row in mine.to_dict("records")
-    ]
-    for row in mine.head(cfg.cards_per_layer).to_dict("records"):
-        section["cards"].append(_card(data, row, pictures, cfg, inputs, store, saes))
-    if data.negation is not None and len(data.negation):
-        for row in data.negation[data.negation["layer"] == layer].to_dict("records"):
-            card = _card(data, row, pictures, cfg, inputs, store, saes)
-            card["title"] = "Negation gate candidate"
-            section["cards"].append(card)
+    mine = verdicts[verdicts["layer"] == layer].sort_values("circuit_rank")
+    shown = set()
+    for kind, title in (("pair", "Input pairs"), ("group", "Group gates")):
+        rows = mine[mine["kind"] == kind]
+        section["kinds"].append({"title": title, "rows": rows.head(cfg.n_candidates)[CANDIDATE_COLUMNS].to_dict("records")})
+        chosen = [("best", r) for r in rows.head(cfg.cards_per_layer).to_dict("records")]
+        if data.has_ground_truth:
+            chosen += [("negation gate", r) for r in rows[rows["negation_gate"].fillna(False).astype(bool)].head(1)
+                       .to_dict("records")]
+        for why, row in chosen:
+            key = (kind, row["out_feature"], tuple(row["members_a"]), tuple(row["members_b"]))
+            if key not in shown:
+                shown.add(key)
+                section["cards"].append(_card(data, row, why, pictures, cfg, inputs, saes))
     return section
 
 
-def _card(data: ReportData, row: dict, pictures: _Pictures, cfg: ReportConfig, inputs, store, saes) -> dict:
-    layer, f, a, b = row["layer"], row["out_feature"], row["in_a"], row["in_b"]
-    name = f"L{layer}_F{f}"
-    card = {"row": row, "title": f"Data rank {row['layer_rank']}", "out": _label(data, layer, ("mlp_out",), f),
-            "a": _label(data, layer, ("resid_mid", "mlp_in"), a), "b": _label(data, layer, ("resid_mid", "mlp_in"), b),
-            "features": _feature_info(data, layer, f)}
-    truth = data.table("gate_truth")
+def _card(data: ReportData, row: dict, why: str, pictures: _Pictures, cfg: ReportConfig, inputs: ModelInputs,
+          saes: LayerSAEs | None) -> dict:
+    layer, f, kind = row["layer"], row["out_feature"], row["kind"]
+    name = f"L{layer}_F{f}_{kind}"
+    card = {"row": row, "title": f"{kind.capitalize()} circuit rank {row['circuit_rank']} ({why})",
+            "out": _label(data, layer, ("mlp_out",), f), "features": _feature_info(data, layer, f)}
+    keys = ("in_a", "in_b") if kind == "pair" else ("group_a", "group_b")
+    truth_table, ablation_table = ("gate_truth", "gate_ablation") if kind == "pair" else ("group_truth", "group_ablation")
+    match = lambda frame: frame[(frame["layer"] == layer) & (frame["out_feature"] == f)  # noqa: E731
+                                & (frame[keys[0]] == row[keys[0]]) & (frame[keys[1]] == row[keys[1]])]
+    truth = data.table(truth_table)
     if truth is not None:
-        sel = truth[(truth["layer"] == layer) & (truth["out_feature"] == f) & (truth["in_a"] == a) & (truth["in_b"] == b)]
-        card["truth"] = sel[["cell", "n_tokens", "mean_activation", "active_share", "quantile_activation"]].to_dict("records")
-    ablation = data.table("gate_ablation")
+        card["truth"] = match(truth)[["cell", "n_tokens", "mean_activation", "active_share"]].to_dict("records")
+    ablation = data.table(ablation_table)
     if ablation is not None:
-        sel = ablation[(ablation["layer"] == layer) & (ablation["out_feature"] == f) & (ablation["in_a"] == a)
-                       & (ablation["in_b"] == b)]
-        card["ablation"] = sel.drop(columns=["layer", "out_feature", "in_a", "in_b", "layer_rank", "outputs",
-                                             "input_site"]).to_dict("records")
+        card["ablation"] = match(ablation)[["ablated", "n_tokens", "activation_before", "activation_after",
+                                            "pre_before", "pre_after", "pre_change_predicted", "logprob_before",
+                                            "logprob_after"]].to_dict("records")
     eigen = data.table("eigen")
     if eigen is not None:
         sel = eigen[(eigen["layer"] == layer) & (eigen["out_feature"] == f)].sort_values("rank").head(cfg.n_eigen_bars)
@@ -199,13 +202,12 @@ def _card(data: ReportData, row: dict, pictures: _Pictures, cfg: ReportConfig, i
                                                               f"eigenvalues of Q, layer {layer}, output #{f}"),
                                              f"{name}_eigen.png")
     if saes is not None:
-        inputs_shown = _heatmap_inputs(data, layer, f, a, b, cfg.n_inputs)
+        inputs_shown = _heatmap_inputs(data, layer, f, list(row["members_a"]) + list(row["members_b"]), cfg.n_inputs)
         matrix = interaction_submatrix(inputs.model, layer, f, saes, inputs_shown)
         labels = [_label(data, layer, ("resid_mid", "mlp_in"), i)[:48] for i in inputs_shown]
         card["heatmap"] = pictures.save(figures.heatmap(matrix, labels, [f"#{i}" for i in inputs_shown],
                                                         f"Qt of layer {layer}, output #{f}"), f"{name}_interactions.png")
-        if store is not None:
-            card["scatter"] = _scatter(data, layer, f, pictures, cfg, inputs, store, saes, name)
+    card["scatter"] = _scatter(data, layer, f, pictures, name)
     return card
 
 
@@ -221,9 +223,9 @@ def _feature_info(data: ReportData, layer: int, f: int) -> dict:
             "contexts": list(row["top_contexts"])[:3]}
 
 
-def _heatmap_inputs(data: ReportData, layer: int, f: int, a: int, b: int, n: int) -> list[int]:
-    """The pair, then the inputs of the output's strongest interactions, `n` in all."""
-    chosen = [a, b]
+def _heatmap_inputs(data: ReportData, layer: int, f: int, first: list[int], n: int) -> list[int]:
+    """The candidate's inputs, then the inputs of the output's strongest interactions, `n` in all."""
+    chosen = list(dict.fromkeys(int(i) for i in first))[:n]
     table = data.table("interactions")
     if table is not None:
         rows = table[(table["layer"] == layer) & (table["out_feature"] == f)]
@@ -236,17 +238,18 @@ def _heatmap_inputs(data: ReportData, layer: int, f: int, a: int, b: int, n: int
     return chosen
 
 
-def _scatter(data: ReportData, layer: int, f: int, pictures: _Pictures, cfg: ReportConfig, inputs, store, saes,
-             name: str) -> str | None:
-    d = inputs.config.d_model
-    ranks = sorted({r for r in (1, cfg.hist_rank) if r < d}) + [d]
-    approx, acts = scatter_points(inputs.model, store.held_out, cfg.scatter_rows, layer, f, saes, ranks)
-    if len(acts) < 2:
+def _scatter(data: ReportData, layer: int, f: int, pictures: _Pictures, name: str) -> str | None:
+    """Activation against its rank-r approximations on the sampled tokens of `lowrank_samples`."""
+    samples = scatter_samples(data.table("lowrank_samples"), layer, f)
+    if samples.empty:
         return None
     panels = []
-    for column, r in enumerate(ranks):
-        x = approx[:, column]
-        corr = float(np.corrcoef(x, acts)[0, 1]) if x.std() > 0 and acts.std() > 0 else float("nan")
-        panels.append((f"full rank ({r})" if r == d else f"rank {r}", x, acts, corr))
-    title = f"layer {layer}, {_label(data, layer, ('mlp_out',), f)[:90]} ({len(acts)} active tokens)"
+    for r, rows in samples.groupby("n_eigs"):
+        offset = rows["offset"].to_numpy()
+        x = rows["approx"].to_numpy() + (np.nan_to_num(offset) if np.isfinite(offset).all() else 0.0)
+        y = rows["activation"].to_numpy()
+        corr = float(np.corrcoef(x, y)[0, 1]) if len(y) > 1 and x.std() > 0 and y.std() > 0 else float("nan")
+        panels.append((f"rank {r}", x, y, corr))
+    n = len(samples) // len(panels)
+    title = f"layer {layer}, {_label(data, layer, ('mlp_out',), f)[:90]} ({n} sampled active tokens)"
     return pictures.save(figures.scatter(panels, title), f"{name}_scatter.png")

@@ -1,7 +1,7 @@
 /* The explorer's single-page app: every page is rendered here from the data files in data/
  * (see pipelines/explorer/data.py for their format). Routes:
  *   #/             every output feature of every layer, sortable and filterable
- *   #/layer/L      distributions over layer L and its best gate candidates
+ *   #/layer/L      distributions over layer L and its best circuit candidates (pairs, group gates)
  *   #/out/L/F      output feature F of layer L (site mlp_out)
  *   #/in/L/F       input feature F of layer L (the input SAE's site)
  * with ?in=SITE choosing the input SAE's site when the run has several.
@@ -11,7 +11,7 @@
   const D = (window.BCX_DATA = window.BCX_DATA || {});
   const main = document.getElementById("main");
   const meta = D.meta || { layers: [], input_sites: [], missing: {}, present: [], counts: [], lowrank: {},
-                           hosvd: {}, verdicts: {}, verdicts_missing: {}, run: "?" };
+                           hosvd: {}, run: "?" };
   const timings = (window.BCX_TIMINGS = []);
   const state = { site: meta.input_sites[0] || "resid_mid", routeToken: 0,
                   index: { q: "", layer: "all", gatesOnly: false, minCorr: "", sort: null, desc: false, limit: 200 } };
@@ -55,6 +55,11 @@
   function need(name) {
     if (name in D) return Promise.resolve(D[name]);
     return (pending[name] = pending[name] || loadScript("data/" + name + ".js", () => (name in D ? D[name] : null)));
+  }
+  /* A data file of one layer and input site (circuits, verdicts, samples): none when the run
+   * has no circuit tables for that site (the file was not written: asking would log an error). */
+  function needSite(file, layer) {
+    return meta.input_sites.indexOf(state.site) >= 0 ? need(`${file}_L${layer}_${state.site}`) : Promise.resolve(null);
   }
   function needPlotly() {
     if (window.Plotly) return Promise.resolve(window.Plotly);
@@ -184,9 +189,14 @@
     { key: "description", label: "description" },
     { key: "frequency", label: "frequency", num: true, title: "share of held-out tokens where it fires" },
     { key: "corr", label: null, num: true },
-    { key: "gate_share", label: "best gate share", num: true,
-      title: "contribution_share of the best data-ranked input pair: its share of the feature's activation" },
-    { key: "gate_and_score", label: "its AND score", num: true, title: "and_score of that pair (weights only)" },
+    { key: "gate_rank", label: "pair rank", num: true, asc: true,
+      title: "circuit_rank of its circuit candidate pair in the layer (split pairs rank last)" },
+    { key: "gate_share", label: "pair share", num: true,
+      title: "contribution_share of that pair: its cross term's share of the feature's activation" },
+    { key: "group_rank", label: "group rank", num: true, asc: true,
+      title: "circuit_rank of its best group gate in the layer (split ones rank last)" },
+    { key: "group_share", label: "group share", num: true,
+      title: "contribution_share of that group gate: the cross terms between its groups" },
     { key: "energy1", label: "top eigen energy", num: true, title: "energy_share of the largest |eigenvalue|" },
   ];
   function indexValue(key, i) {
@@ -198,7 +208,7 @@
     const s = state.index, base = T(D.index.features);
     const desc = col(base, "description") || [], toks = col(base, "top_tokens_text") || [], layers = col(base, "layer");
     const stats = T(D.index.stats[state.site]);
-    const corr = col(stats, "corr"), share = col(stats, "gate_share");
+    const corr = col(stats, "corr"), pairRank = col(stats, "gate_rank"), groupRank = col(stats, "group_rank");
     if (!D.index._search) D.index._search = layers.map((_, i) => ((desc[i] || "") + " " + (toks[i] || "")).toLowerCase());
     const terms = s.q.toLowerCase().split(/\s+/).filter(Boolean);
     const minCorr = s.minCorr === "" ? null : parseFloat(s.minCorr);
@@ -206,7 +216,7 @@
     for (let i = 0; i < base.n; i++) {
       if (s.layer !== "all" && layers[i] !== +s.layer) continue;
       if (terms.length && !terms.every((t) => D.index._search[i].indexOf(t) >= 0)) continue;
-      if (s.gatesOnly && !(share && isNum(share[i]))) continue;
+      if (s.gatesOnly && !((pairRank && isNum(pairRank[i])) || (groupRank && isNum(groupRank[i])))) continue;
       if (isNum(minCorr) && !(corr && isNum(corr[i]) && corr[i] >= minCorr)) continue;
       out.push(i);
     }
@@ -232,18 +242,20 @@
     const html = shown.map((i) => {
       const layer = indexValue("layer", i), f = indexValue("feature", i);
       const d = indexValue("description", i), toks = indexValue("top_tokens_text", i);
-      const pair = indexValue("gate_a", i);
-      const pairText = pair === null || pair === undefined ? "" : `(in #${pair}, in #${indexValue("gate_b", i)})`;
+      const side = (key) => (indexValue(key, i) || []).map((m) => "in #" + m).join(", ");
+      const pairText = side("gate_a") ? `(${side("gate_a")}) AND (${side("gate_b")})` + (indexValue("gate_split", i) ? " (split pair)" : "") : "";
+      const groupText = side("group_a") ? `(${side("group_a")}) AND (${side("group_b")})` + (indexValue("group_split", i) ? " (split)" : "") : "";
       return `<tr data-layer="${layer}" data-feature="${f}"><td>${layer}</td>` +
         `<td><a href="${link(`/out/${layer}/${f}`)}">${f}</a></td>` +
         `<td class="text"><a href="${link(`/out/${layer}/${f}`)}">${esc(d) || '<span class="note">no description</span>'}</a>` +
         (toks ? `<div class="toks">${esc(toks)}</div>` : "") + `</td>` +
         `<td>${fmt(indexValue("frequency", i))}</td><td>${fmt(indexValue("corr", i))}</td>` +
-        `<td title="${esc(pairText)}">${fmt(indexValue("gate_share", i))}</td><td>${fmt(indexValue("gate_and_score", i))}</td>` +
+        `<td title="${esc(pairText)}">${fmt(indexValue("gate_rank", i))}</td><td>${fmt(indexValue("gate_share", i))}</td>` +
+        `<td title="${esc(groupText)}">${fmt(indexValue("group_rank", i))}</td><td>${fmt(indexValue("group_share", i))}</td>` +
         `<td>${fmt(indexValue("energy1", i))}</td></tr>`;
     }).join("");
     document.getElementById("index-body").innerHTML = html ||
-      '<tr><td colspan="8" class="text note">No feature matches.</td></tr>';
+      '<tr><td colspan="10" class="text note">No feature matches.</td></tr>';
     const total = T(D.index.features).n;
     document.getElementById("index-count").textContent =
       `${shown.length} shown of ${rows.length} matching (${total} output features in all)`;
@@ -261,7 +273,7 @@
     const rank = D.index.corr_rank;
     const heads = INDEX_COLUMNS.map((c) => `<th data-key="${c.key}"${c.num ? "" : ' class="text"'} title="${esc(c.title || "click to sort")}">` +
       `${esc(c.label || `rank-${rank} corr`)}</th>`).join("");
-    const missing = ["features", "lowrank", "gates", "eigen"].filter((n) => !present(n))
+    const missing = ["features", "lowrank", "gate_verdicts", "eigen"].filter((n) => !present(n))
       .map((n) => missingNote(n, `the ${n} table (its columns are empty)`)).join("");
     main.innerHTML = `<h1>Output features</h1>
       <p class="note">Every feature of the output SAE (site mlp_out) of every layer. Click a column to sort; the
@@ -272,7 +284,7 @@
         <label>layer <select id="layer-filter"><option value="all">all</option>${meta.layers.map((l) =>
           `<option value="${l}"${String(l) === String(s.layer) ? " selected" : ""}>${l}</option>`).join("")}</select></label>
         <label>rank-${rank} corr &ge; <input id="min-corr" type="number" step="0.05" min="-1" max="1" value="${esc(s.minCorr)}"></label>
-        <label><input id="gates-only" type="checkbox"${s.gatesOnly ? " checked" : ""}> with a data-ranked gate</label>
+        <label><input id="gates-only" type="checkbox"${s.gatesOnly ? " checked" : ""}> with a ranked circuit candidate</label>
         <span id="index-count" class="note"></span>
       </div>
       <table id="index-table" class="data wide"><thead><tr>${heads}</tr></thead><tbody id="index-body"></tbody></table>
@@ -288,7 +300,7 @@
       th.onclick = () => {
         const key = th.dataset.key;
         if (s.sort === key) s.desc = !s.desc;
-        else { s.sort = key; s.desc = INDEX_COLUMNS.find((c) => c.key === key).num && key !== "layer" && key !== "feature"; }
+        else { const c = INDEX_COLUMNS.find((x) => x.key === key); s.sort = key; s.desc = c.num && !c.asc && key !== "layer" && key !== "feature"; }
         indexBody();
       };
     }
@@ -335,7 +347,7 @@
       `</div>`).join("") + `</div>`;
     if (boosts.length) {
       html += `<p>Logit boost of lexicon classes (sd): ` + boosts.map((r) => `${esc(r.class)} <b>${fmt(r.value)}</b>` +
-        (isNum(r.n_tokens) ? ` <span class="note">(${r.n_tokens} tokens)</span>` : "")).join(", ") + `</p>`;
+        (isNum(r.n_tokens) ? ` <span class="note">(${fmt(r.n_tokens)} tokens)</span>` : "")).join(", ") + `</p>`;
     }
     return html;
   }
@@ -368,7 +380,7 @@
     for (const r of cross.concat(self)) {
       if (!pos.has(r.in_a) || !pos.has(r.in_b)) continue;
       const a = pos.get(r.in_a), b = pos.get(r.in_b);
-      const t = `${r.kind} rank ${r.rank}: coefficient <b>${fmt(r.coefficient)}</b><br>${label(r.in_a)}` + (r.kind === "cross" ? `<br>${label(r.in_b)}` : "");
+      const t = `${esc(r.kind)} rank ${fmt(r.rank)}: coefficient <b>${fmt(r.coefficient)}</b><br>${label(r.in_a)}` + (r.kind === "cross" ? `<br>${label(r.in_b)}` : "");
       for (const [y, x] of [[a, b], [b, a]]) { z[y][x] = r.coefficient; text[y][x] = t; ids[y][x] = [r.in_a, r.in_b, r.kind, r.coefficient]; }
     }
     const zmax = Math.max(1e-12, ...z.flat().filter(isNum).map(Math.abs));
@@ -396,8 +408,8 @@
       (ev) => { const p = ev.points && ev.points[0]; if (p) location.hash = link(`/in/${layer}/${p.customdata}`); }));
     }
     const table = (list, pair) => tableHtml(pair ? ["rank", "!input a", "!input b", "coefficient"] : ["rank", "!input", "coefficient"],
-      list.map((r) => pair ? [r.rank, inLink(layer, r.in_a, fi, 45), inLink(layer, r.in_b, fi, 45), fmt(r.coefficient)]
-                           : [r.rank, inLink(layer, r.in_a, fi, 60), fmt(r.coefficient)]), "interactions");
+      list.map((r) => pair ? [fmt(r.rank), inLink(layer, r.in_a, fi, 45), inLink(layer, r.in_b, fi, 45), fmt(r.coefficient)]
+                           : [fmt(r.rank), inLink(layer, r.in_a, fi, 60), fmt(r.coefficient)]), "interactions");
     const c = constant.length ? fmt(constant[0].coefficient) : "–";
     return `<h2 id="interactions">Interactions</h2>
       <p class="note">The feature's pre-activation as a quadratic form of the input SAE's latents: a cross term
@@ -426,7 +438,7 @@
         html += `<p class="note">Eigenvalues of Q<sub>u</sub> by |eigenvalue|; energy share: &lambda;<sup>2</sup> over the sum of all
           &lambda;<sup>2</sup>; activation share: the eigenvector's part of the activation over the active tokens.</p>` + plotSlot("spectrum", 280) +
           `<details><summary>Table (${rows.length} eigenvalues)</summary><div class="scroll">` +
-          tableHtml(["rank", "eigenvalue", "energy share", "activation share"], rows.map((r) => [r.rank, fmt(r.eigenvalue), fmt(r.energy_share), fmt(r.activation_share)]), "eigen") +
+          tableHtml(["rank", "eigenvalue", "energy share", "activation share"], rows.map((r) => [fmt(r.rank), fmt(r.eigenvalue), fmt(r.energy_share), fmt(r.activation_share)]), "eigen") +
           `</div></details>`;
         jobs.push(() => plot("spectrum", [{
           type: "bar", x: rows.map((r) => r.rank), y: rows.map((r) => r.eigenvalue),
@@ -446,7 +458,7 @@
     const ranks = [...new Set(rows.map((r) => r.eigen_rank))].sort((a, b) => a - b);
     html += `<p class="note">Per eigenvector, the input features whose (normalised) MLP-input directions it aligns with most, by |cosine|.</p><div class="eigvecs">` + ranks.map((k) => {
       const list = rows.filter((r) => r.eigen_rank === k).sort((a, b) => a.input_rank - b.input_rank);
-      return `<div class="eigvec"><h4>v${k}${eig.has(k) ? ` (&lambda; ${fmt(eig.get(k))})` : ""}</h4>` +
+      return `<div class="eigvec"><h4>v${fmt(k)}${eig.has(k) ? ` (&lambda; ${fmt(eig.get(k))})` : ""}</h4>` +
         tableHtml(["!input", "cosine"], list.map((r) => [inLink(layer, r.in_feature, fi, 28), fmt(r.cosine)]), "compact") + `</div>`;
     }).join("") + `</div>`;
     return html;
@@ -461,7 +473,7 @@
     html += `<p class="note">Pearson correlation, over the ${fmt(rows[0].n_active)} held-out tokens where the feature is active, of its
       activation with the approximation keeping the r largest eigenpairs (null: too few tokens).</p>` +
       `<div class="cols"><div class="grow">${plotSlot("lowrank-plot", 260)}</div><div class="side">` +
-      tableHtml(["r", "correlation"], rows.map((r) => [r.n_eigs, fmt(r.corr_active)]), "compact lowrank") + `</div></div>`;
+      tableHtml(["r", "correlation"], rows.map((r) => [fmt(r.n_eigs), fmt(r.corr_active)]), "compact lowrank") + `</div></div>`;
     jobs.push(() => plot("lowrank-plot", [{ type: "scatter", mode: "lines+markers", x: rows.map((r) => r.n_eigs), y: rows.map((r) => r.corr_active),
       hovertemplate: "r = %{x}: correlation <b>%{y:.4g}</b><extra></extra>" }],
       { xaxis: { title: { text: "eigenpairs kept (r)" }, dtick: 1 }, yaxis: { title: { text: "active-only correlation" }, range: [-0.05, 1.05] },
@@ -469,7 +481,7 @@
     html += `<h3>Activation against its approximations</h3><div id="samples-box">${plotSlot("samples-plot", 320)}</div>`;
     const token = state.routeToken;
     jobs.push(async () => {
-      const S = await need(`samples_L${layer}_${state.site}`);
+      const S = await needSite("samples", layer);
       const box = document.getElementById("samples-box");
       if (!box || token !== state.routeToken) return;
       const st = T(S && S.lowrank_samples);
@@ -484,9 +496,9 @@
       const colours = ["#4a78a8", "#e08a2c", "#3a9a5b"];
       const traces = ranks.map((rank, k) => {
         const mine = samples.filter((r) => r.n_eigs === rank);
-        return { type: "scatter", mode: "markers", name: `r = ${rank}`, x: mine.map((r) => r.activation), y: mine.map(y),
+        return { type: "scatter", mode: "markers", name: `r = ${fmt(rank)}`, x: mine.map((r) => r.activation), y: mine.map(y),
           marker: { size: 6, opacity: 0.7, color: colours[k % colours.length] },
-          hovertemplate: `r = ${rank}: activation %{x:.4g}, approximation %{y:.4g}<extra></extra>` };
+          hovertemplate: `r = ${fmt(rank)}: activation %{x:.4g}, approximation %{y:.4g}<extra></extra>` };
       });
       if (withOffset) traces.push({ type: "scatter", mode: "lines", name: "full rank (exact)", x: [lo, hi], y: [lo, hi],
         line: { color: "#888", dash: "dot" }, hoverinfo: "skip" });
@@ -499,69 +511,116 @@
     return html;
   }
 
-  function verdictFor(layer, f, a, b) {
-    const v = T(meta.verdicts && meta.verdicts[state.site]);
+  /* The verdicts stage's row of output f: its circuit candidate pair, or its best group gate. */
+  function verdictOf(V, f, kind) {
+    const v = T(V && V.gate_verdicts);
     if (!v) return null;
-    for (const i of rowsOf(v, "out_feature", f)) {
-      if (val(v, "layer", i) === layer && val(v, "in_a", i) === a && val(v, "in_b", i) === b) return rec(v, i);
-    }
+    for (const i of rowsOf(v, "out_feature", f)) if (val(v, "kind", i) === kind) return rec(v, i);
     return null;
   }
   function verdictHtml(v) {
     if (!v) return "";
     const tags = (v.is_and ? '<span class="tag yes">AND gate</span>' : '<span class="tag no">not shown to be an AND</span>') +
+      (v.split_pair ? ' <span class="tag no">split pair</span>' : "") +
       (v.negation_gate === true ? ' <span class="tag yes">negation gate</span>' : "");
-    return `<p class="verdict">${tags} ${esc(v.verdict)}</p>`;
+    const labels = v.label_a || v.label_b ? ` <span class="note">Labels: side a ${esc(v.label_a || "none")}, side b ${esc(v.label_b || "none")}.</span>` : "";
+    const drops = [["a", v.drop_a], ["b", v.drop_b], ["both", v.drop_both]].filter(([, d]) => isNum(d));
+    const removed = drops.length ? `<p class="note drops">Removing ${drops.map(([k, d]) => `${k} removes ${pct(d)}`).join(", ")} of the output's
+      activation (over ${fmt(v.ablation_tokens)} tokens).` + (isNum(v.share_a) ? ` The output's quadratic form there: side a ${pct(v.share_a)},
+      side b ${pct(v.share_b)}, other inputs ${pct(v.share_other)}, b_dec ${pct(v.share_bias)}, SAE error ${pct(v.share_error)}.` : "") + `</p>` : "";
+    return `<p class="verdict">${tags} circuit rank ${fmt(v.circuit_rank)}: <span class="verdict-text">${esc(v.verdict)}</span>${labels}</p>` +
+      `<p class="note truth-text">Truth table: ${esc(v.truth)} (${fmt(v.both_tokens)} tokens with both sides on, ${fmt(v.apart_tokens)} with one alone);
+      contribution share ${fmt(v.contribution_share)}, coactivation ${fmt(v.coactivation)}, and_data ${fmt(v.and_data)}, gate_score ${fmt(v.gate_score)}.</p>` + removed;
+  }
+  function truthHtml(cells, table) {
+    if (!cells) return `<div>${missingNote(table, "the truth table (the " + table + " table)")}</div>`;
+    if (!cells.length) {
+      return `<div><p class="note no-truth">No truth table` + (table === "gate_truth" ? `: the circuits stage tabulates each layer's best
+        data-ranked pairs (the gates table's layer rank) only, and this candidate is not one of them` : "") + `.</p></div>`;
+    }
+    const cell = (name) => {
+      const c = cells.find((x) => x.cell === name);
+      return c ? `<b>${fmt(c.mean_activation)}</b><br><span class="note">active ${pct(c.active_share)}, ${fmt(c.n_tokens)} tokens` +
+        (isNum(c.quantile_activation) ? `, q ${fmt(c.quantile_activation)}` : "") + `</span>` : "–";
+    };
+    return `<div><h4>Truth table</h4><table class="data truth"><thead><tr><th></th><th>b on</th><th>b off</th></tr></thead><tbody>` +
+      `<tr><th>a on</th><td>${cell("on_on")}</td><td>${cell("on_off")}</td></tr>` +
+      `<tr><th>a off</th><td>${cell("off_on")}</td><td>${cell("off_off")}</td></tr></tbody></table>` +
+      `<p class="note">Mean activation of the output over the tokens of each cell.</p></div>`;
+  }
+  function ablationHtml(ab, table) {
+    if (!ab) return `<div>${missingNote(table, "the ablations (the " + table + " table)")}</div>`;
+    if (!ab.length) return `<div><p class="note">No ablation measured: only each layer's best candidates are ablated.</p></div>`;
+    return `<div><h4>Ablations</h4>` + tableHtml(["!removed", "tokens", "activation before", "after", "pre-act. change", "predicted", "log-prob change"],
+      ab.map((x) => [esc(x.ablated), fmt(x.n_tokens), fmt(x.activation_before), fmt(x.activation_after),
+        isNum(x.pre_after) && isNum(x.pre_before) ? fmt(x.pre_after - x.pre_before) : "–", fmt(x.pre_change_predicted),
+        isNum(x.logprob_after) && isNum(x.logprob_before) ? fmt(x.logprob_after - x.logprob_before) : "–"]), "ablation") +
+      `<p class="note">On a seeded sample of held-out tokens where both sides are on and the output is active; log-prob of the feature's boosted tokens.</p></div>`;
+  }
+  function members(layer, list, fi) { return (list || []).map((m) => inLink(layer, m, fi, 0)).join(", "); }
+
+  /* The card of output f's circuit candidate of one kind (pair or group): the verdicts stage's
+   * row, its truth table and its ablations. */
+  function candidateCard(C, V, layer, f, fi, kind) {
+    const missing = missingNote("gate_verdicts", "verdicts (the gate_verdicts table: run the verdicts stage)");
+    if (!T(V && V.gate_verdicts)) return missing;
+    const v = verdictOf(V, f, kind);
+    if (!v) {
+      return kind === "pair" ? '<p class="note">No circuit candidate pair: no pair was seen both together and apart on enough tokens.</p>'
+        : '<p class="note">No ranked group gate: none was seen both together and apart on enough tokens.</p>';
+    }
+    const side = (label, list) => (label ? esc(label) + ": " : "") + (kind === "pair" ? inLink(layer, list[0], fi, 40) : members(layer, list, fi));
+    const keys = kind === "pair" ? ["in_a", "in_b"] : ["group_a", "group_b"];
+    const tables = kind === "pair" ? ["gate_truth", "gate_ablation"] : ["group_truth", "group_ablation"];
+    const mine = (name) => {
+      const t = T(C && C[name]);
+      return t ? rowsOf(t, "out_feature", f).map((i) => rec(t, i)).filter((r) => r[keys[0]] === v[keys[0]] && r[keys[1]] === v[keys[1]]) : null;
+    };
+    const title = kind === "pair" ? `Circuit candidate: ${side(v.label_a, [v.in_a])} AND ${side(v.label_b, [v.in_b])}`
+      : `Best group gate: (${side(v.label_a, v.members_a)}) AND (${side(v.label_b, v.members_b)})`;
+    return `<div class="card gate-card" id="${kind}-card"><h3>${title}</h3>` + verdictHtml(v) +
+      `<div class="cols">${truthHtml(mine(tables[0]), tables[0])}${ablationHtml(mine(tables[1]), tables[1])}</div></div>`;
   }
 
-  function gatesSection(C, layer, f, fi) {
+  function gatesSection(C, V, layer, f, fi) {
     let html = `<h2 id="gates">Gate candidates</h2>`;
     const g = T(C && C.gates);
-    if (!g) return html + missingNote("gates");
-    const rows = rowsOf(g, "out_feature", f).map((i) => rec(g, i)).sort((a, b) =>
-      (a.data_rank === null) - (b.data_rank === null) || (a.data_rank || 0) - (b.data_rank || 0) || a.weight_rank - b.weight_rank);
-    if (!rows.length) return html + '<p class="note">No gate candidates stored for this feature.</p>';
-    html += `<p class="note">Input pairs by what they contribute on held-out tokens (data rank; contribution share: the cross
-      term's share of the feature's activation), with the weight-only scores: and_score = cross &minus; |self_a| &minus; |self_b|.
-      Over ${fmt(rows[0].n_active)} active tokens.</p>`;
-    const line = (r) => [inLink(layer, r.in_a, fi, 30), inLink(layer, r.in_b, fi, 30), fmt(r.data_rank), fmt(r.contribution_share),
-      fmt(r.coactivation), fmt(r.and_data), fmt(r.weight_rank), fmt(r.and_score), fmt(r.cross), fmt(r.self_a), fmt(r.self_b), fmt(r.layer_rank)];
-    const headers = ["!input a", "!input b", "data rank", "contribution share", "coactivation", "and_data", "weight rank", "and_score",
-      "cross", "self_a", "self_b", "layer rank"];
-    html += tableHtml(headers, rows.slice(0, 10).map(line), "gates");
-    if (rows.length > 10) html += `<details><summary>all ${rows.length} candidates</summary>${tableHtml(headers, rows.slice(10).map(line), "gates")}</details>`;
-    // truth tables and ablations of the checked candidates
-    const truth = T(C.gate_truth), abl = T(C.gate_ablation);
-    const checked = new Map();
-    const keyOf = (r) => r.in_a + ":" + r.in_b;
-    if (truth) for (const i of rowsOf(truth, "out_feature", f)) { const r = rec(truth, i); (checked.get(keyOf(r)) || checked.set(keyOf(r), { truth: [], abl: [], r }).get(keyOf(r))).truth.push(r); }
-    if (abl) for (const i of rowsOf(abl, "out_feature", f)) { const r = rec(abl, i); (checked.get(keyOf(r)) || checked.set(keyOf(r), { truth: [], abl: [], r }).get(keyOf(r))).abl.push(r); }
-    if (!truth) html += missingNote("gate_truth", "truth tables (the gate_truth table)");
-    if (!abl) html += missingNote("gate_ablation", "ablations (the gate_ablation table)");
-    if (!checked.size) return html + '<p class="note">No truth table or ablation for this feature: only each layer\'s best data-ranked candidates are checked.</p>';
-    for (const { truth: cells, abl: ab, r } of checked.values()) {
-      html += `<div class="card gate-card"><h3>Layer rank ${fmt(r.layer_rank)}: ${inLink(layer, r.in_a, fi, 40)} AND ${inLink(layer, r.in_b, fi, 40)}</h3>`;
-      html += verdictHtml(verdictFor(layer, f, r.in_a, r.in_b));
-      if (cells.length) {
-        const cell = (name) => {
-          const c = cells.find((x) => x.cell === name);
-          return c ? `<b>${fmt(c.mean_activation)}</b><br><span class="note">active ${pct(c.active_share)}, ${c.n_tokens} tokens, q ${fmt(c.quantile_activation)}</span>` : "–";
-        };
-        html += `<div class="cols"><div><h4>Truth table</h4><table class="data truth"><thead><tr><th></th><th>b on</th><th>b off</th></tr></thead><tbody>` +
-          `<tr><th>a on</th><td>${cell("on_on")}</td><td>${cell("on_off")}</td></tr>` +
-          `<tr><th>a off</th><td>${cell("off_on")}</td><td>${cell("off_off")}</td></tr></tbody></table>` +
-          `<p class="note">Mean activation of the output over the tokens of each cell.</p></div>`;
-      } else html += `<div class="cols"><div><p class="note">No truth table.</p></div>`;
-      if (ab.length) {
-        html += `<div><h4>Ablations</h4>` + tableHtml(["!removed", "tokens", "activation before", "after", "pre-act. change", "predicted", "log-prob change"],
-          ab.map((x) => [esc(x.ablated), x.n_tokens, fmt(x.activation_before), fmt(x.activation_after),
-            isNum(x.pre_after) && isNum(x.pre_before) ? fmt(x.pre_after - x.pre_before) : "–", fmt(x.pre_change_predicted),
-            isNum(x.logprob_after) && isNum(x.logprob_before) ? fmt(x.logprob_after - x.logprob_before) : "–"]), "ablation") +
-          `<p class="note">On held-out tokens where both inputs are active; log-prob of the feature's boosted tokens.</p></div>`;
-      } else html += `<div><p class="note">No ablation measured.</p></div>`;
-      html += `</div></div>`;
+    const rows = g ? rowsOf(g, "out_feature", f).map((i) => rec(g, i)).sort((a, b) =>
+      (a.data_rank === null) - (b.data_rank === null) || (a.data_rank || 0) - (b.data_rank || 0) || a.weight_rank - b.weight_rank) : [];
+    if (!g) html += missingNote("gates");
+    else if (!rows.length) html += '<p class="note">No gate candidates stored for this feature.</p>';
+    else {
+      html += `<p class="note">Input pairs by what they contribute on held-out tokens (data rank; contribution share: the cross
+        term's share of the feature's activation), with the weight-only scores (and_score = cross &minus; |self_a| &minus; |self_b|) and
+        how much the two inputs are one concept (the cosine of their MLP-input directions, the lift of their co-activation).
+        Over ${fmt(rows[0].n_active)} active tokens.</p>`;
+      const line = (r) => [inLink(layer, r.in_a, fi, 30), inLink(layer, r.in_b, fi, 30), fmt(r.data_rank), fmt(r.contribution_share),
+        fmt(r.coactivation), fmt(r.and_data), fmt(r.input_cosine), fmt(r.coactivation_lift), fmt(r.weight_rank), fmt(r.and_score), fmt(r.layer_rank)];
+      const headers = ["!input a", "!input b", "data rank", "contribution share", "coactivation", "and_data", "input cosine", "lift",
+        "weight rank", "and_score", "layer rank"];
+      html += tableHtml(headers, rows.slice(0, 10).map(line), "gates");
+      if (rows.length > 10) html += `<details><summary>all ${rows.length} candidates</summary>${tableHtml(headers, rows.slice(10).map(line), "gates")}</details>`;
     }
-    return html;
+    return html + candidateCard(C, V, layer, f, fi, "pair");
+  }
+
+  function groupsSection(C, V, layer, f, fi) {
+    let html = `<h2 id="groups">Group gates</h2>`;
+    const g = T(C && C.group_gates);
+    const rows = g ? rowsOf(g, "out_feature", f).map((i) => rec(g, i)).sort((a, b) =>
+      (b.gate_score ?? -Infinity) - (a.gate_score ?? -Infinity) || a.group_a - b.group_a) : [];
+    if (!g) html += missingNote("group_gates", "group gates (the group_gates table: run the verdicts stage)");
+    else if (!rows.length) html += '<p class="note">No group gate stored for this feature.</p>';
+    else {
+      html += `<p class="note">ANDs between two groups of inputs: the best split of what one of its eigenvectors reads (source eigen), or
+        two label classes (source labels). A group is on where any member is active; the contribution share is that of the cross terms
+        between the groups.</p>`;
+      html += tableHtml(["!source", "!group a", "!group b", "contribution share", "coactivation", "and_data", "gate_score", "split", "circuit rank"],
+        rows.map((r) => [esc(r.source) + (isNum(r.eigen_rank) ? " v" + fmt(r.eigen_rank) : ""),
+          (r.label_a ? esc(r.label_a) + ": " : "") + members(layer, r.members_a, fi), (r.label_b ? esc(r.label_b) + ": " : "") + members(layer, r.members_b, fi),
+          fmt(r.contribution_share), fmt(r.coactivation), fmt(r.and_data), fmt(r.gate_score), r.split_pair ? "yes" : "", fmt(r.circuit_rank)]), "group-gates");
+    }
+    return html + candidateCard(C, V, layer, f, fi, "group");
   }
 
   function pager(kind, layer, f, n) {
@@ -576,18 +635,19 @@
       return notFound(meta.layers.indexOf(layer) < 0 ? `This run has no layer ${isNaN(layer) ? "of that name" : layer}.`
         : `Layer ${layer} has no output feature ${isNaN(f) ? "of that id" : f} (its output SAE has ${n} features: 0 to ${n - 1}).`);
     }
-    const [F, C] = await Promise.all([need(`features_L${layer}`), need(`circuits_L${layer}_${state.site}`)]);
+    const [F, C, V] = await Promise.all([need(`features_L${layer}`), needSite("circuits", layer), needSite("verdicts", layer)]);
     const fi = featureIndex(F);
     const head = featureHead(fi, layer, "mlp_out", f);
     document.title = `L${layer} out #${f}: ${head.row ? head.row.description || "" : ""}`;
     const jobs = [];
     const sections = [
-      interactionsSection(C, layer, f, fi, jobs), eigenSection(C, layer, f, fi, jobs), lowrankSection(C, layer, f, jobs), gatesSection(C || {}, layer, f, fi),
+      interactionsSection(C, layer, f, fi, jobs), eigenSection(C, layer, f, fi, jobs), lowrankSection(C, layer, f, jobs),
+      gatesSection(C || {}, V, layer, f, fi), groupsSection(C || {}, V, layer, f, fi),
     ];
     main.innerHTML = `<div class="page-head"><h1>Layer ${layer} &middot; output feature #${f}</h1>${pager("out", layer, f, n)}</div>
       <p class="note">Site mlp_out; circuits read through the input SAE on <b>${esc(state.site)}</b>. Jump to:
       <a href="#interactions" data-jump>interactions</a> &middot; <a href="#eigen" data-jump>spectrum</a> &middot;
-      <a href="#lowrank" data-jump>low rank</a> &middot; <a href="#gates" data-jump>gates</a></p>
+      <a href="#lowrank" data-jump>low rank</a> &middot; <a href="#gates" data-jump>gates</a> &middot; <a href="#groups" data-jump>group gates</a></p>
       <section id="feature" data-layer="${layer}" data-feature="${f}">${head.html}${labelSection(fi, "mlp_out", f)}</section>
       ${sections.join("")}`;
     jumpLinks();
@@ -610,7 +670,7 @@
       return notFound(meta.layers.indexOf(layer) < 0 ? `This run has no layer ${isNaN(layer) ? "of that name" : layer}.`
         : `Layer ${layer} has no input feature ${isNaN(f) ? "of that id" : f} on ${site} (its input SAE has ${n} features: 0 to ${n - 1}).`);
     }
-    const [F, C] = await Promise.all([need(`features_L${layer}`), need(`circuits_L${layer}_${site}`)]);
+    const [F, C] = await Promise.all([need(`features_L${layer}`), needSite("circuits", layer)]);
     const fi = featureIndex(F);
     const head = featureHead(fi, layer, site, f);
     document.title = `L${layer} in #${f}: ${head.row ? head.row.description || "" : ""}`;
@@ -624,7 +684,7 @@
       builds += `<p class="note">Its terms among each output feature's stored top interactions, by |coefficient| (${rows.length} in all).</p>`;
       builds += rows.length ? `<div class="scroll tall">` + tableHtml(["!output feature", "kind", "!partner", "coefficient", "rank"], rows.slice(0, 100).map((r) =>
         [outLink(layer, r.out_feature, fi, 50), esc(r.kind), r.kind === "cross" ? inLink(layer, r.in_a === f ? r.in_b : r.in_a, fi, 30) : "–",
-          fmt(r.coefficient), r.rank]), "builds") + `</div>` : '<p class="note">It appears in no stored interaction.</p>';
+          fmt(r.coefficient), fmt(r.rank)]), "builds") + `</div>` : '<p class="note">It appears in no stored interaction.</p>';
     }
     let reads = `<h2>Eigenvectors that read it</h2>`;
     const ei = T(C && C.eigen_inputs);
@@ -632,7 +692,7 @@
     else {
       const rows = rowsOf(ei, "in_feature", f).map((i) => rec(ei, i)).sort((a, b) => Math.abs(b.cosine) - Math.abs(a.cosine));
       reads += rows.length ? `<div class="scroll">` + tableHtml(["!output feature", "eigenvector", "cosine"], rows.slice(0, 50).map((r) =>
-        [outLink(layer, r.out_feature, fi, 50), "v" + r.eigen_rank, fmt(r.cosine)]), "reads") + `</div>` : '<p class="note">No stored eigenvector reads it.</p>';
+        [outLink(layer, r.out_feature, fi, 50), "v" + fmt(r.eigen_rank), fmt(r.cosine)]), "reads") + `</div>` : '<p class="note">No stored eigenvector reads it.</p>';
     }
     let gates = `<h2>Gate candidates with it</h2>`;
     const g = T(C && C.gates);
@@ -645,10 +705,30 @@
         rows.slice(0, 50).map((r) => [outLink(layer, r.out_feature, fi, 40), inLink(layer, r.in_a === f ? r.in_b : r.in_a, fi, 30),
           fmt(r.contribution_share), fmt(r.and_score), fmt(r.data_rank), fmt(r.layer_rank)]), "in-gates") + `</div>` : '<p class="note">In no stored gate candidate.</p>';
     }
+    let groups = `<h2>Group gates with it</h2>`;
+    const gg = T(C && C.group_gates);
+    if (!gg) groups += missingNote("group_gates", "group gates (the group_gates table: run the verdicts stage)");
+    else {
+      const rows = [];
+      const ma = col(gg, "members_a") || [], mb = col(gg, "members_b") || [];
+      for (let i = 0; i < gg.n; i++) {
+        const side = (ma[i] || []).indexOf(f) >= 0 ? "a" : (mb[i] || []).indexOf(f) >= 0 ? "b" : null;
+        if (side) rows.push(Object.assign(rec(gg, i), { side }));
+      }
+      rows.sort((a, b) => (isNum(a.circuit_rank) ? a.circuit_rank : Infinity) - (isNum(b.circuit_rank) ? b.circuit_rank : Infinity) ||
+        (b.gate_score ?? -Infinity) - (a.gate_score ?? -Infinity));
+      groups += rows.length ? `<div class="scroll">` + tableHtml(["!output feature", "side", "!its group", "!other group", "contribution share", "gate_score", "circuit rank"],
+        rows.slice(0, 50).map((r) => {
+          const [own, other, la, lb] = r.side === "a" ? [r.members_a, r.members_b, r.label_a, r.label_b] : [r.members_b, r.members_a, r.label_b, r.label_a];
+          return [outLink(layer, r.out_feature, fi, 40), r.side, (la ? esc(la) + ": " : "") + members(layer, own, fi),
+            (lb ? esc(lb) + ": " : "") + members(layer, other, fi), fmt(r.contribution_share), fmt(r.gate_score), fmt(r.circuit_rank)];
+        }), "in-groups") + `</div>` : '<p class="note">In no stored group gate.</p>';
+    }
     main.innerHTML = `<div class="page-head"><h1>Layer ${layer} &middot; input feature #${f}</h1>${pager("in", layer, f, n)}</div>
       <p class="note">Site ${esc(site)}: a feature of the input SAE the circuits are read in.</p>
       <section id="feature" data-layer="${layer}" data-feature="${f}">${head.html}${labelSection(fi, site, f)}</section>
-      <section id="builds">${builds}</section><section id="read-by">${reads}</section><section id="in-gates">${gates}</section>`;
+      <section id="builds">${builds}</section><section id="read-by">${reads}</section><section id="in-gates">${gates}</section>
+      <section id="in-groups">${groups}</section>`;
   }
 
   // ------------------------------------------------------------------ layer page
@@ -656,7 +736,7 @@
   async function renderLayer(layer) {
     if (meta.layers.indexOf(layer) < 0) return notFound(`This run has no layer ${isNaN(layer) ? "of that name" : layer} (layers: ${meta.layers.join(", ") || "none"}).`);
     document.title = `Layer ${layer}`;
-    const F = await need(`features_L${layer}`);
+    const [F, V] = await Promise.all([need(`features_L${layer}`), needSite("verdicts", layer)]);
     const fi = featureIndex(F);
     const base = T(D.index.features), stats = T(D.index.stats[state.site]);
     const mine = rowsOf(base, "layer", layer);
@@ -674,36 +754,42 @@
     } else html += `<h2>SAEs</h2>` + missingNote("sae_metrics");
     html += `<h2>Distributions</h2><div class="cols three">`;
     const hist = (id, values, title, what) => {
-      if (!values.length) return `<div><h3>${esc(title)}</h3>${missingNote(what)}</div>`;
+      if (!values.length) return `<div><h3>${esc(title)}</h3>${present(what) ? '<p class="note">No values in this layer.</p>' : missingNote(what)}</div>`;
       jobs.push(() => plot(id, [{ type: "histogram", x: values, nbinsx: 30, marker: { color: "#4a78a8" },
         hovertemplate: "%{x}: %{y} features<extra></extra>" }], { xaxis: { title: { text: title } }, yaxis: { title: { text: "features" } },
         margin: { l: 50, r: 10, t: 10, b: 45 }, bargap: 0.05 }));
       return `<div><h3>${esc(title)} <span class="note">(${values.length})</span></h3>${plotSlot(id, 240)}</div>`;
     };
     html += hist("hist-corr", pick("corr"), `rank-${rank} correlation`, "lowrank") + hist("hist-energy", pick("energy1"), "top eigenvalue's energy share", "eigen") +
-      hist("hist-gate", pick("gate_share"), "best gate's contribution share", "gates") + `</div>`;
+      hist("hist-gate", pick("gate_share"), "circuit candidate pair's contribution share", "gate_verdicts") +
+      hist("hist-group", pick("group_share"), "best group gate's contribution share", "gate_verdicts") + `</div>`;
     const curve = meta.lowrank[state.site] && meta.lowrank[state.site][String(layer)];
     if (curve) {
-      html += `<h3>Mean active-only correlation by rank</h3><p class="note">${curve.nan_features} of ${curve.features} features have no correlation (too few active tokens) and are left out.</p>` + plotSlot("layer-curve", 240);
+      html += `<h3>Mean active-only correlation by rank</h3><p class="note">${fmt(curve.nan_features)} of ${fmt(curve.features)} features have no correlation (too few active tokens) and are left out.</p>` + plotSlot("layer-curve", 240);
       jobs.push(() => plot("layer-curve", [{ type: "scatter", mode: "lines+markers", x: curve.n_eigs, y: curve.mean,
         hovertemplate: "r = %{x}: mean correlation %{y:.4g}<extra></extra>" }], { xaxis: { title: { text: "eigenpairs kept (r)" }, dtick: 1 },
         yaxis: { title: { text: "mean correlation" } }, margin: { l: 60, r: 10, t: 10, b: 45 } }));
     }
-    html += `<h2 id="best-gates">Best gate candidates</h2>`;
-    if (!present("gates")) html += missingNote("gates");
+    html += `<h2 id="best-gates">Best circuit candidates</h2>`;
+    const v = T(V && V.gate_verdicts);
+    if (!v) html += missingNote("gate_verdicts", "verdicts (the gate_verdicts table: run the verdicts stage)");
     else {
-      const ranked = mine.filter((i) => isNum(val(stats, "layer_rank", i))).sort((a, b) => val(stats, "layer_rank", a) - val(stats, "layer_rank", b));
-      const why = meta.verdicts_missing && meta.verdicts_missing[state.site];
-      html += `<p class="note">Each output feature's best data-ranked pair, ranked within the layer by its contribution share.` +
-        (why ? ` Verdicts unavailable: ${esc(why)}.` : " Verdicts for the candidates with a truth table.") + `</p>`;
-      html += ranked.length ? `<div class="scroll tall">` + tableHtml(["layer rank", "!output feature", "!input a", "!input b", "contribution share", "coactivation", "and_data", "and_score", "!verdict"],
-        ranked.slice(0, 100).map((i) => {
-          const f = val(base, "feature", i), a = val(stats, "gate_a", i), b = val(stats, "gate_b", i);
-          const v = verdictFor(layer, f, a, b);
-          return [val(stats, "layer_rank", i), outLink(layer, f, fi, 40), inLink(layer, a, fi, 25), inLink(layer, b, fi, 25), fmt(val(stats, "gate_share", i)),
-            fmt(val(stats, "gate_coactivation", i)), fmt(val(stats, "gate_and_data", i)), fmt(val(stats, "gate_and_score", i)),
-            v ? (v.is_and ? '<span class="tag yes">AND</span> ' : "") + (v.negation_gate === true ? '<span class="tag yes">negation</span> ' : "") + esc(v.verdict) : ""];
-        }), "best-gates") + `</div>` : '<p class="note">No data-ranked candidates in this layer.</p>';
+      html += `<p class="note">Each output feature's circuit candidate pair and its best group gate, ranked within the layer by
+        gate_score (the contribution to the output's activation times and_data), split pairs after every other candidate; verdicts from the
+        truth tables and, for the best ones, ablations.</p>`;
+      for (const [kind, title] of [["pair", "Input pairs"], ["group", "Group gates"]]) {
+        const ranked = rowsOf(v, "kind", kind).map((i) => rec(v, i)).sort((a, b) => a.circuit_rank - b.circuit_rank);
+        html += `<h3>${title} <span class="note">(${ranked.length}${ranked.length > 100 ? ", the best 100 shown" : ""})</span></h3>` +
+          (ranked.length ? `<div class="scroll tall">` + tableHtml(
+          ["circuit rank", "!output feature", "!side a", "!side b", "gate_score", "contribution share", "coactivation", "and_data", "!verdict"],
+          ranked.slice(0, 100).map((r) => [fmt(r.circuit_rank), outLink(layer, r.out_feature, fi, 40),
+            (r.label_a ? esc(r.label_a) + ": " : "") + (kind === "pair" ? inLink(layer, r.in_a, fi, 25) : members(layer, r.members_a, fi)),
+            (r.label_b ? esc(r.label_b) + ": " : "") + (kind === "pair" ? inLink(layer, r.in_b, fi, 25) : members(layer, r.members_b, fi)),
+            fmt(r.gate_score), fmt(r.contribution_share), fmt(r.coactivation), fmt(r.and_data),
+            (r.is_and ? '<span class="tag yes">AND</span> ' : "") + (r.split_pair ? '<span class="tag no">split</span> ' : "") +
+            (r.negation_gate === true ? '<span class="tag yes">negation</span> ' : "") + esc(r.verdict)]), `best-${kind}s`) + `</div>`
+          : '<p class="note">No ranked candidates of this kind in this layer.</p>');
+      }
     }
     const hosvd = meta.hosvd && meta.hosvd[state.site] && meta.hosvd[state.site][String(layer)];
     if (hosvd) {
