@@ -12,7 +12,7 @@ statistics a pair gets in `circuits.gates`, with groups in place of inputs:
 - `coactivation`: share of f's active tokens on which both groups are on;
 - `contribution_share`: the cross terms between the groups, `sum_{a in A, b in B}
   2 Qt[a,b] z_a z_b s`, summed over f's active tokens, over the sum of f's activation there;
-- `gate_score = contribution_share * and_data` (clipped to [0, 1]) where both groups were
+- `gate_score = contribution_share * and_data` (and_data clipped to [0, 1]) where both groups were
   seen together, and each without the other, on at least `min_cell` tokens, and f was
   active on at least `min_cell` tokens with both on.
 
@@ -144,12 +144,16 @@ class ReadSetStats:
         masks = splits(self.M).to(self.count.device)
         full = 2 ** self.M - 1
         S = self.count.shape[0]
+        bits = 2 ** torch.arange(self.M, device=masks.device)
+        real = ((self.members < self.n_in).long() * bits).sum(-1)  # [S]: the slots holding a member
         result = self._evaluate(masks[None, :], (full ^ masks)[None, :])  # the same splits for every set
         key = self._key(result, min_cell)
+        # a side of padding only is no group
+        key = torch.where(((masks[None, :] & real[:, None]) != 0) & (((full ^ masks)[None, :] & real[:, None]) != 0),
+                          key, torch.full_like(key, float("-inf")))
         best = key.argmax(-1)
         rows = torch.arange(S, device=best.device)
-        side_a, side_b, current = masks[best], full ^ masks[best], key[rows, best]
-        bits = 2 ** torch.arange(self.M, device=best.device)
+        side_a, side_b, current = masks[best] & real, (full ^ masks[best]) & real, key[rows, best]
         for _ in range(self.M):
             a = side_a[:, None] & ~bits  # [S, M]: each member left out of side A (or B)
             b = side_b[:, None] & ~bits
@@ -192,10 +196,12 @@ class ReadSetStats:
     @staticmethod
     def _key(result: GroupResult, min_cell: int) -> torch.Tensor:
         """What the search maximises: usable gates by gate_score, ahead of every unusable one
-        (those by contribution share)."""
+        (those by contribution share, below any usable gate)."""
         scores = result.scores(min_cell)
-        return torch.where(torch.isfinite(scores["gate_score"]), scores["gate_score"] + 2.0,
-                           torch.nan_to_num(scores["contribution_share"], nan=-1e9).clamp(-1e9, 1.0))
+        # both kinds bounded, so that every usable key (from 900 up) exceeds every unusable one (at most 1)
+        usable = scores["gate_score"].clamp(-100.0, 100.0) + 1000.0
+        unusable = torch.nan_to_num(scores["contribution_share"], nan=-100.0).clamp(-100.0, 1.0)
+        return torch.where(torch.isfinite(scores["gate_score"]), usable, unusable)
 
 
 class GroupStats:

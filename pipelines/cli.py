@@ -32,6 +32,7 @@ def _offline() -> None:
 def _common(p: argparse.ArgumentParser, device: bool = True, ray: bool = False) -> None:
     """--out, --debug and the runtime's options (--threads, --device, and --ray/--workers
     for the stages that fan out)."""
+    from pipelines.engine.cluster import LOCAL
     from pipelines.runtime import Runtime
 
     p.add_argument("--out", type=Path, default=DEFAULT_RUN,
@@ -40,7 +41,7 @@ def _common(p: argparse.ArgumentParser, device: bool = True, ray: bool = False) 
     only = ("threads", "device") if device else ("threads",)
     add_config(p, Runtime, only=only + (("workers",) if ray else ()))
     if ray:
-        p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+        p.add_argument("--ray", nargs="?", const=LOCAL, default=None, metavar="ADDRESS",
                        help="run the stage's tasks on Ray: without ADDRESS on a Ray runtime started here (or the "
                             "cluster RAY_ADDRESS names), with one on that cluster (needs `pip install "
                             "'bilinear-circuits[ray]'`; the run directory must be on storage every worker shares)")
@@ -53,10 +54,10 @@ def _runtime(args: argparse.Namespace):
     runtime = config_from(args, Runtime)
     ray = getattr(args, "ray", None)
     if ray is not None:
-        from pipelines.engine.cluster import import_ray
+        from pipelines.engine.cluster import LOCAL, import_ray
 
         import_ray()  # no Ray: say so before any work
-        if ray == "local" and os.environ.get("RAY_ADDRESS"):
+        if ray == LOCAL and os.environ.get("RAY_ADDRESS"):
             ray = os.environ["RAY_ADDRESS"]
     return runtime.replace(ray=ray).resolved()
 

@@ -87,7 +87,8 @@ class StageInputs:
 
     def folders(self) -> dict[str, str]:
         """Where each lives, for a worker to reopen them (`reopen`)."""
-        return {"run": str(self.run.root), "model": str(self.lm.folder), "tokens": str(self.store.folder)}
+        return {"run": str(Path(self.run.root).resolve()), "model": str(self.lm.folder.resolve()),
+                "tokens": str(Path(self.store.folder).resolve())}
 
     @classmethod
     def reopen(cls, folders: dict[str, str], device: str, report: Callable[[int], None] = _ignore) -> "StageInputs":

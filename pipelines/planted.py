@@ -305,7 +305,8 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
 
 
 def _matches(gate: Gate, side_a, side_b) -> bool:
-    """The found sides cover the planted ones without mixing them (either order)."""
+    """The found sides hit both planted sides without mixing them (either order): one holds
+    inputs of planted side A and none of side B, the other the reverse."""
     x, y, a, b = set(side_a), set(side_b), set(gate.side_a), set(gate.side_b)
     return any(p & a and q & b and not p & b and not q & a for p, q in ((x, y), (y, x)))
 

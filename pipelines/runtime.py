@@ -17,7 +17,6 @@ import torch
 from circuits.config import Config, option
 from circuits.layer import intra_op_threads
 
-LOCAL = "local"  # `--ray` without an address: a Ray runtime on this machine
 
 
 @dataclass(frozen=True)

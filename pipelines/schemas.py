@@ -248,8 +248,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("gate_score, contribution_share, coactivation, and_data", FLOAT, "as in gates and group_gates"),
         col("both_tokens, apart_tokens", INT, "held-out tokens with both sides on; the fewer of those with one side on "
             "alone"),
-        col("same_top_token", BOOL, "`pair`: the inputs share a top token (the same features.top_token, or a token "
-            "among both's features.top_tokens)"),
+        col("same_top_token", BOOL, "`pair`: the inputs have the same features.top_token"),
         col("input_cosine, coactivation_lift", FLOAT, "`pair`: as in gates"),
         col("split_pair", BOOL, "one concept split over two latents (pairs: the README's rule; groups: split_share >= 0.5)"),
         col("drop_a, drop_b, drop_both", FLOAT, "share of the output's activation removed by each ablation (null if not "

@@ -217,15 +217,21 @@ def ensure_saes(work: StageInputs, *, job: SAEJob, layers: list[int], runtime: R
     groups = [todo[i::n_groups] for i in range(n_groups)] if todo else []
     current = {_checkpoint_name(work, cfg, group) for group in groups}
     for stale in run.saes.glob("checkpoint-*.pt") if run.saes.is_dir() else []:  # of another grouping or recipe
-        if stale.stem.removeprefix("checkpoint-") not in current:
+        name = stale.stem.removeprefix("checkpoint-")
+        if name not in current:
             print(f"discarding {stale.name}: it resumes SAEs grouped or trained otherwise than now")
             stale.unlink()
-    gpus = 1.0 if runtime.device.startswith("cuda") else 0.0
-    tasks = [Task("SAEs " + ", ".join(point_name(p) for p in group), (cfg, group), gpus) for group in groups]
+            (run.saes / f".checkpoint-{name}.json").unlink(missing_ok=True)
+    tasks = [Task("SAEs " + ", ".join(point_name(p) for p in group), (cfg, group), _gpus(runtime)) for group in groups]
     run_tasks(runtime, _train_points, work, tasks, "train-saes")
     for layer in sorted({p[0] for p in points}):
         _write_metrics_table(run, layer)
     return pd.DataFrame([read_metrics(run.sae(*p)) for p in points])
+
+
+def _gpus(runtime: Runtime) -> float:
+    """What a task asks a Ray cluster for: a GPU each when the work runs on CUDA."""
+    return 1.0 if runtime.device.startswith("cuda") else 0.0
 
 
 def _sae_stamp(work: StageInputs, cfg: SAETrainConfig, point: Point) -> Stamp:
@@ -305,7 +311,7 @@ def ensure_circuits(work: StageInputs, *, job: CircuitsJob, layers: list[int], r
                           job.allow_hookless_saes)
         stale = [spec for spec in job.outputs if not _circuits_current(work, job, saes, spec)]
         if stale:
-            todo.append(Task(f"layer {layer}", (job, layer, stale, runtime.threads)))
+            todo.append(Task(f"layer {layer}", (job, layer, stale, runtime.threads), _gpus(runtime)))
     done = run_tasks(runtime, _circuits_layer, work, todo, "circuits")
     return [name for names in done for name in names]
 
@@ -388,7 +394,7 @@ def ensure_features(work: StageInputs, *, job: FeaturesJob, layers: list[int], r
     if runtime.ray is None and todo:  # one pass for every layer
         tasks = [Task("layers " + ", ".join(map(str, todo)), (job, todo))]
     else:
-        tasks = [Task(f"layer {layer}", (job, {layer: sites})) for layer, sites in todo.items()]
+        tasks = [Task(f"layer {layer}", (job, {layer: sites}), _gpus(runtime)) for layer, sites in todo.items()]
     run_tasks(runtime, _features_of, work, tasks, "features")
     return schemas.read(work.run.tables, "features", layers)
 
@@ -436,13 +442,13 @@ def ensure_verdicts(work: StageInputs, *, job: VerdictsJob, layers: list[int], r
         marker = work.run.stamp("verdicts", layer, part)
         if not (stamps.is_current(marker, _verdicts_stamp(work, job, saes))
                 and all(has_table(work.run.tables, n, layer, part) for n in VERDICT_TABLES)):
-            todo.append(Task(f"layer {layer}", (job, layer)))
+            todo.append(Task(f"layer {layer}", (job, layer), _gpus(runtime)))
     run_tasks(runtime, _verdicts_layer, work, todo, "verdicts")
     return schemas.select(schemas.read(work.run.tables, "gate_verdicts", layers), job.input_site)
 
 
 def _verdicts_stamp(work: StageInputs, job: VerdictsJob, saes: LayerSAEs) -> Stamp:
-    return Stamp("verdicts", {"model": work.lm.digest, "held_out_tokens": _tokens_digest(work.store.held_out),
+    return Stamp("verdicts", {"model": work.lm.digest, "held_out": _held_out_digest(work.store),
                               "sae_in": digest(saes.sae_in.path), "sae_out": digest(saes.sae_out.path),
                               **_read_digests(work.run, saes)},
                  {"format": TABLE_FORMAT, **job.recipe()})
@@ -454,8 +460,9 @@ def _read_digests(run: RunPaths, saes: LayerSAEs) -> dict[str, str]:
     for name in CIRCUIT_READS:
         path = table_path(run.tables, name, saes.layer, f"{saes.input_site}-{SAE_PART}")
         if not path.is_file():
-            raise FileNotFoundError(f"layer {saes.layer}: no {name} table for input site {saes.input_site} in "
-                                    f"{run.tables}: run `circuits` first")
+            raise FileNotFoundError(f"layer {saes.layer}: no {name} table of the output SAE's features read by their "
+                                    f"encoder rows, for input site {saes.input_site}, in {run.tables}: run `circuits` "
+                                    "first (with --outputs sae and --output-basis encoder)")
         found[name] = digest(path)
     for site in (saes.input_site, "mlp_out"):
         for name in ("features", "feature_labels"):

@@ -140,3 +140,15 @@ def test_a_planted_and_between_groups_is_the_best_split():
 def test_reading_sets_are_bounded():
     with pytest.raises(ValueError, match="at most"):
         ReadSetStats(torch.tensor([0]), torch.zeros(1, 11, dtype=torch.long), torch.zeros(1, 55), 20)
+
+
+def test_a_group_is_never_padding_alone():
+    """A set of three members in four slots, no usable split, cross terms that only take away:
+    each side still holds a member (the padding slot is no group)."""
+    mlp, basis, directions, z, scale, acts = random_layer(3)
+    members = torch.tensor([[0, 1, 2, -1]])
+    stats = ReadSetStats(torch.tensor([0]), members, torch.tensor([[-1.0, -1.0, 0.0, -1.0, 0.0, 0.0]]), z.shape[1])
+    stats.update(z, scale, acts)
+    sides_a, sides_b, _ = stats.best_splits(min_cell=10_000)  # nothing is usable
+    for side in (int(sides_a[0]), int(sides_b[0])):
+        assert side & 0b0111 and not side & 0b1000

@@ -28,11 +28,13 @@ def gate(out, a, b, score, cosine=0.1, lift=1.5, **extra) -> dict:
 
 
 def test_the_split_pair_rule():
-    same = np.array([True, False, False, False])
-    cosine = np.array([0.0, 0.5, 0.5, 0.1])
-    lift = np.array([0.5, 3.0, 1.0, 9.0])
-    # one top token; near-parallel and firing together; near-parallel only; firing together only
-    assert split_pairs(same, cosine, lift, CFG).tolist() == [True, True, False, False]
+    same = np.array([True, False, False, False, False, False])
+    shared = np.array([False, False, False, False, True, True])
+    cosine = np.array([0.0, 0.5, 0.5, 0.1, 0.1, 0.1])
+    lift = np.array([0.5, 3.0, 1.0, 9.0, 3.0, 1.0])
+    # one top token; near-parallel and firing together; near-parallel only; firing together only;
+    # a shared top-activating token and firing together; a shared top-activating token only
+    assert split_pairs(same, shared, cosine, lift, CFG).tolist() == [True, True, False, False, True, False]
 
 
 def test_circuit_rank_puts_split_pairs_after_every_other_candidate():
@@ -43,12 +45,12 @@ def test_circuit_rank_puts_split_pairs_after_every_other_candidate():
         gate(12, 1, 2, 0.20),
         gate(13, 6, 7, 0.10, cosine=0.6, lift=4.0),  # near-parallel and co-firing: split
         gate(14, 1, 7, np.nan),  # never seen apart: not ranked at all
-        gate(15, 8, 9, 0.15),  # different top tokens, but both peak on "dad": split
+        gate(15, 8, 9, 0.15, lift=3.0),  # different top tokens, but both peak on "dad" and fire together: split
     ])
     ranked = rank_pairs(gates, facts(), CFG)
     assert ranked[["out_feature", "in_a", "in_b", "circuit_rank", "split_pair"]].values.tolist() == [
         [12, 1, 2, 1, False], [10, 1, 6, 2, False], [11, 2, 3, 3, True], [15, 8, 9, 4, True], [13, 6, 7, 5, True]]
-    assert ranked["same_top_token"].tolist() == [False, False, True, True, False]
+    assert ranked["same_top_token"].tolist() == [False, False, True, False, False]
 
 
 def ablation_rows(keys: dict, drop_a: float, drop_b: float) -> list[dict]:

@@ -7,7 +7,9 @@ input SAE's reconstruction, for side A, side B or both, is subtracted from resid
 MLP reads it*, before its norm, while the residual stream that bypasses the MLP stays as it
 was. For an input SAE on mlp_in the subtraction happens after the norm. Measured: f's
 pre-activation and activation (output SAE on the new mlp_out) and the mean next-token
-log-probability of f's boosted tokens, before and after.
+log-probability of f's boosted tokens, before and after. Every sampled token of a row is
+ablated in one pass, so a later token's log-probability also feels the earlier ablations
+through attention (its activation, read at the layer itself, does not).
 
 Predicted from the weights: the change of f's pre-activation, `s' y'^T Q_f y' - s y^T Q_f y`,
 with y the MLP-input image of the input SAE's reconstruction (gain times `D' z'` on

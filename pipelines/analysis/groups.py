@@ -119,7 +119,8 @@ def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFac
             continue
         p, a, b = (np.array(v) for v in zip(*across))
         cosine = (units[:, a] * units[:, b]).sum(0).cpu().numpy()
-        split = split_pairs(facts.same_top_token(a, b), cosine, lift[row, p].cpu().numpy(), cfg)
+        split = split_pairs(facts.same_top_token(a, b), facts.shared_top_token(a, b), cosine,
+                            lift[row, p].cpu().numpy(), cfg)
         contribution = stats.contribution[row, p].cpu().numpy()
         total_cross = contribution.sum()
         shares.append(float(contribution[split].sum() / total_cross) if total_cross > 0 else np.nan)

@@ -1,12 +1,12 @@
 """Which gate candidates are circuits: split pairs, group gates, the circuit ranking, verdicts.
 
 Pairs. Each output's candidate pairs come from the `gates` table (`circuits.gates`). A pair
-whose two inputs are one concept written as two latents is a *split pair*: its inputs share
-a top token (the same `features.top_token`, the token carrying most of each input's
-activation, or a token among both's `features.top_tokens`, the tokens of their
-best-activating contexts), or their MLP-input directions are near-parallel (`input_cosine
->= split_cosine`) and they fire together more than chance allows (`coactivation_lift >=
-split_lift`). Split pairs stay in the tables, flagged. Each output's *circuit candidate* is
+whose two inputs are one concept written as two latents is a *split pair*: its inputs have
+the same top token (`features.top_token`, the token carrying most of each input's
+activation), or they fire together more than chance allows (`coactivation_lift >=
+split_lift`) and either peak on a common token (one among both's `features.top_tokens`, the
+tokens of their best-activating contexts) or have near-parallel MLP-input directions
+(`input_cosine >= split_cosine`). Split pairs stay in the tables, flagged. Each output's *circuit candidate* is
 its best pair by `gate_score` that is not a split pair (its best split pair when it has no
 other), and `circuit_rank` ranks the layer's circuit candidates by `gate_score`, every split
 pair after every other candidate.
@@ -57,10 +57,12 @@ class VerdictConfig(Config):
     n_eigen: int = option(2, "eigenvectors per output, by their share of its activation, whose reads form groups", low=1)
     min_cosine: float = option(0.2, "least |cosine| of an input with an eigenvector to count as read by it",
                                low=0.0, high=1.0)
-    max_members: int = option(8, "inputs per eigenvector's reading set (its strongest reads)", low=2, high=MAX_MEMBERS)
+    max_members: int = option(8, "inputs per eigenvector's reading set (its strongest reads; at most the circuits "
+                                 "stage's n_eigen_inputs are stored)", low=2, high=MAX_MEMBERS)
     n_interactions: int = option(10, "strongest cross terms per output that can join two label groups", low=0)
-    split_cosine: float = option(0.4, "a pair with this input cosine or more, firing together at least split_lift "
-                                      "times as often as chance, is a split pair", low=-1.0, high=1.0)
+    split_cosine: float = option(0.4, "a pair whose inputs fire together at least split_lift times as often as "
+                                      "chance is a split pair with this input cosine or more (or a shared "
+                                      "top-activating token)", low=-1.0, high=1.0)
     split_lift: float = option(2.0, "see split_cosine", low=0.0)
     min_cell: int = option(20, "least tokens with both inputs on, and with each on without the other, for a verdict",
                            low=1)
@@ -112,13 +114,14 @@ class InputFacts:
         return cls(text(ins, "top_token"), tokens, text(ins, "label"), text(outs, "label"), boost, descriptions)
 
     def same_top_token(self, a, b) -> np.ndarray:
-        """Whether inputs a[i] and b[i] share a top token: the same `top_token`, or one
-        among both's `top_tokens` (never for unknown inputs)."""
-        def shared(x: int, y: int) -> bool:
-            top = self.top_token.get(x)
-            return (top is not None and top == self.top_token.get(y)) or bool(
-                self.top_tokens.get(x, set()) & self.top_tokens.get(y, set()))
-        return np.array([shared(int(x), int(y)) for x, y in zip(a, b)], dtype=bool)
+        """Whether inputs a[i] and b[i] have the same `top_token` (never for unknown inputs)."""
+        return np.array([self.top_token.get(int(x)) is not None and self.top_token.get(int(x)) == self.top_token.get(int(y))
+                         for x, y in zip(a, b)], dtype=bool)
+
+    def shared_top_token(self, a, b) -> np.ndarray:
+        """Whether inputs a[i] and b[i] have a token among both's `top_tokens`."""
+        return np.array([bool(self.top_tokens.get(int(x), set()) & self.top_tokens.get(int(y), set()))
+                         for x, y in zip(a, b)], dtype=bool)
 
     def group_label(self, members: list[int]) -> str | None:
         """The label held by more than half of a group's members, if any."""
@@ -145,10 +148,11 @@ def has_negation_labels(classes: dict[str, list[str]]) -> bool:
 # ------------------------------------------------------------------ pairs
 
 
-def split_pairs(same_token: np.ndarray, cosine: np.ndarray, lift: np.ndarray, cfg: VerdictConfig) -> np.ndarray:
+def split_pairs(same_token: np.ndarray, shared_token: np.ndarray, cosine: np.ndarray, lift: np.ndarray,
+                cfg: VerdictConfig) -> np.ndarray:
     """The split-pair rule (module docstring), elementwise."""
-    return same_token | ((np.nan_to_num(cosine, nan=-2.0) >= cfg.split_cosine)
-                         & (np.nan_to_num(lift, nan=0.0) >= cfg.split_lift))
+    together = np.nan_to_num(lift, nan=0.0) >= cfg.split_lift
+    return same_token | (together & (shared_token | (np.nan_to_num(cosine, nan=-2.0) >= cfg.split_cosine)))
 
 
 def rank_pairs(gates: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
@@ -156,8 +160,9 @@ def rank_pairs(gates: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> pd
     `same_top_token`, `split_pair` and `circuit_rank`, best first."""
     ranked = gates[gates["gate_score"].notna()].copy()
     ranked["same_top_token"] = facts.same_top_token(ranked["in_a"], ranked["in_b"])
-    ranked["split_pair"] = split_pairs(ranked["same_top_token"].to_numpy(), ranked["input_cosine"].to_numpy(),
-                                       ranked["coactivation_lift"].to_numpy(), cfg)
+    ranked["split_pair"] = split_pairs(ranked["same_top_token"].to_numpy(),
+                                       facts.shared_top_token(ranked["in_a"], ranked["in_b"]),
+                                       ranked["input_cosine"].to_numpy(), ranked["coactivation_lift"].to_numpy(), cfg)
     ranked = ranked.sort_values(["split_pair", "gate_score", "in_a", "in_b"], ascending=[True, False, True, True])
     chosen = ranked.drop_duplicates(["layer", "out_feature"])
     chosen = chosen.sort_values(["layer", "split_pair", "gate_score", "out_feature"], ascending=[True, True, False, True])
@@ -243,9 +248,9 @@ def verdict(truth: str, truth_and: bool, drop_a: float, drop_b: float, cfg: Verd
     """The verdict from the truth table's and the ablations' findings."""
     if not truth_and:
         return truth, False
-    weaker = min(drop_a, drop_b)
-    if weaker != weaker:
+    if np.isnan(drop_a) or np.isnan(drop_b):
         return "truth table says AND; no ablation measured", False
+    weaker = min(drop_a, drop_b)
     if weaker < cfg.drop_one:
         side = "a" if drop_a <= drop_b else "b"
         return f"truth table says AND, but removing {side} alone keeps {1 - weaker:.0%} of the output", False

@@ -8,11 +8,13 @@ with a message saying so. The driver holds the run's lock for the whole command;
 workers write under the run without taking the lock (they are the lock holder's hands), and
 every other command is refused as usual.
 
-A task that fails (an error, or its worker killed) is retried by Ray up to `RETRIES` times;
-after that the command stops with the task's name, host and error. Whatever finished
-before is kept: every task writes its outputs atomically with their stamps, so running the
-command again does only what is left. The driver shows one progress bar: tasks done and
-tokens per second, from the tokens the tasks report as they go.
+A task whose worker dies (killed, out of memory, a node lost) is retried by Ray up to
+`RETRIES` times; a task that raises stops the command at once with the task's name, host and
+error (an error of the inputs or settings would only repeat), and the tasks still running
+are cancelled. Whatever finished before is kept: every task writes its outputs atomically
+with their stamps, so running the command again does only what is left. The driver shows
+one progress bar: tasks done and tokens per second, from the tokens the tasks report as
+they go.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-RETRIES = 2  # times Ray reruns a task whose worker died or that raised
+LOCAL = "local"  # `--ray` without an address: a Ray runtime of this machine's own
+RETRIES = 2  # times Ray reruns a task whose worker died
 MARKER = ".ray-driver-{}"  # in the run directory: a worker that cannot see it cannot see the run
 
 
@@ -56,38 +59,43 @@ def import_ray():
 
 
 def connect(runtime) -> object:
-    """Ray, connected: to the cluster at `runtime.ray`, or a local runtime of `workers` tasks."""
+    """Ray, connected: to the cluster at `runtime.ray`, or a local runtime of `workers` tasks.
+    A task asks for `threads` CPUs: refused here when no node of the cluster has that many."""
     ray = import_ray()
     if not ray.is_initialized():
         env = {"env_vars": {"TQDM_DISABLE": "1"}}  # the driver's bar is the one display
-        if runtime.ray == "local":
+        if runtime.ray == LOCAL:
             # "local": a runtime of its own, never a cluster that `ray start` left running here
             ray.init(address="local", num_cpus=runtime.workers * runtime.threads, include_dashboard=False,
                      log_to_driver=False, runtime_env=env, configure_logging=False)
         else:
             ray.init(address=runtime.ray, log_to_driver=False, runtime_env=env, configure_logging=False)
+    largest = max((node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")), default=0)
+    if runtime.threads > largest:
+        raise ValueError(f"--threads {runtime.threads}: no node of the Ray cluster has that many CPUs (at most "
+                         f"{largest:g}); each task asks for --threads CPUs")
     return ray
 
 
 def run_on_ray(runtime, work, inputs, tasks: list, stage: str) -> list:
     """`[work(inputs, task.unit) for task in tasks]` as Ray tasks, `runtime.workers` at a time."""
     ray = connect(runtime)
-    run_root = Path(inputs.run.root).resolve()
-    marker = run_root / MARKER.format(uuid.uuid4().hex[:12])
-    marker.write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
-    progress = ray.remote(_Progress).options(num_cpus=0).remote()
-    remote = ray.remote(_run_task)
-    folders = {**inputs.folders(), "run": str(run_root)}
+    folders = inputs.folders()
+    marker = Path(folders["run"]) / MARKER.format(uuid.uuid4().hex[:12])
     started = time.perf_counter()
     bar = tqdm(total=len(tasks), desc=f"{stage} on Ray ({runtime.workers} workers)", unit="task")
     results: dict[int, object] = {}
+    pending: dict = {}
+    progress = None
     try:
-        pending = {}
+        marker.write_text(f"{socket.gethostname()} {os.getpid()}\n", encoding="utf-8")
+        progress = ray.remote(_Progress).options(num_cpus=0).remote()
+        remote = ray.remote(_run_task)
         queue = list(enumerate(tasks))
         while queue or pending:
             while queue and len(pending) < runtime.workers:
                 index, task = queue.pop(0)
-                options = dict(num_cpus=runtime.threads, max_retries=RETRIES, retry_exceptions=True)
+                options = dict(num_cpus=runtime.threads, max_retries=RETRIES, retry_exceptions=False)
                 if task.gpus:
                     options["num_gpus"] = task.gpus
                 ref = remote.options(**options).remote(work, folders, str(marker), runtime.device, runtime.threads,
@@ -102,6 +110,10 @@ def run_on_ray(runtime, work, inputs, tasks: list, stage: str) -> list:
                 bar.update(1)
     finally:
         bar.close()
+        for ref in pending:  # a failure or Ctrl-C: nothing may go on writing once the lock is released
+            ray.cancel(ref, force=True)
+        if progress is not None:
+            ray.kill(progress)
         marker.unlink(missing_ok=True)
     return [results[i] for i in range(len(tasks))]
 
@@ -142,6 +154,8 @@ def _run_task(work, folders: dict, marker: str, device: str, threads: int, task,
             raise FileNotFoundError(
                 f"the run directory {folders['run']} is not visible here as it is to the driver: with --ray the run "
                 "directory must be on storage every worker shares, at the same path")
+        # a task with a GPU sees only that one, as cuda:0
+        device = "cuda" if device.startswith("cuda") else device
         inputs = StageInputs.reopen(folders, device, report=lambda n: progress.add.remote(n))
         with Runtime(threads=threads, device=device).torch_threads():
             return work(inputs, task.unit)
