@@ -483,11 +483,12 @@ def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
     stamps.begin(marker)
     circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)
                 for name in CIRCUIT_READS}
-    features = schemas.read(run.tables, "features", [layer])
+    features, labels = (schemas.read(run.tables, name, [layer]) for name in ("features", "feature_labels"))
     model = work.lm.model
     boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
-    frames = judge_layer(model, saes, work.store.held_out, circuits, InputFacts.of(features, layer, saes.input_site),
-                         has_negation_labels(work.store.classes), boosted, job.verdicts)
+    facts = InputFacts.of(features, labels, layer, saes.input_site, job.verdicts)
+    frames = judge_layer(model, saes, work.store.held_out, circuits, facts, has_negation_labels(work.store.classes),
+                         boosted, job.verdicts)
     for name, frame in frames.items():
         schemas.write(frame, run.tables, name, layer, part=part, provenance=stamp.to_json())
     stamps.finish(marker, stamp)

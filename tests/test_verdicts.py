@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, label_groups, rank_groups,
+from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, rank_groups,
                                          rank_pairs, reading_sets, split_pairs, to_ablate, verdict_rows)
 
 CFG = VerdictConfig()
@@ -18,6 +18,13 @@ def facts(top=None, labels=None, boost=None) -> InputFacts:
     top = top or {1: "not", 2: "happy", 3: "happy", 4: ",", 5: ",", 6: "dog", 7: "cat", 8: "dad", 9: "the"}
     contexts = {8: {"dad", "aunt"}, 9: {"mom", "dad"}}  # 8 and 9 peak on one token: a split too
     return InputFacts(top, contexts, labels or {}, {}, boost or {}, {("in", 1): "a negation cue"})
+
+
+def feature_labels(shares: dict[tuple[int, str, str], tuple[float, float]]) -> pd.DataFrame:
+    """feature_labels rows: (feature, channel, class) -> (share, lift)."""
+    return pd.DataFrame([{"layer": 0, "site": "resid_mid", "feature": f, "channel": ch, "class": cl,
+                          "kind": "activation_share", "value": v, "lift": lift}
+                         for (f, ch, cl), (v, lift) in shares.items()])
 
 
 def gate(out, a, b, score, cosine=0.1, lift=1.5, **extra) -> dict:
@@ -118,10 +125,24 @@ def test_reading_sets_take_the_eigenvectors_that_carry_the_activation():
         [0, 2, [1, 2]]]
 
 
+def test_label_groups_are_the_inputs_mainly_in_a_class_channel_by_channel():
+    labels = feature_labels({
+        (1, "negation", "negation"): (0.9, 6.0), (1, "context", "positive"): (0.8, 2.0),  # both: a conjunction
+        (2, "negation", "negation"): (0.6, 4.0), (2, "context", "positive"): (0.4, 1.0),
+        (5, "context", "positive"): (0.7, 1.8), (6, "context", "negative"): (0.9, 2.2),
+        (7, "context", "negative"): (0.6, 1.2),  # its class's share of all tokens is 0.5: no lift
+        (8, "negation", "negation"): (0.45, 9.0),  # under half of its activation
+    })
+    features = pd.DataFrame({"layer": 0, "site": "resid_mid", "feature": [1, 2], "top_token": ["not", "never"],
+                             "top_tokens": [["not"], ["never"]], "label": ["negation", "negation"],
+                             "description": ["", ""], "boost_label": None, "boost_sd": np.nan})
+    classes = InputFacts.of(features, labels, 0, "resid_mid", CFG).classes
+    assert classes == {"context=negative": [6], "context=positive": [1, 5], "negation": [1, 2]}
+
+
 def test_label_groups_are_joined_by_what_an_output_reads():
-    groups = label_groups(facts(labels={1: "negation", 2: "negation", 5: "context=positive", 6: "context=negative"}))
-    assert groups == {"context=negative": [6], "context=positive": [5], "negation": [1, 2]}
-    sets = pd.DataFrame({"out_feature": [3], "eigen_rank": [1], "members": [[1, 5, 9]]})
+    groups = {"context=negative": [6], "context=positive": [1, 5], "negation": [1, 2]}
+    sets = pd.DataFrame({"out_feature": [3], "eigen_rank": [1], "members": [[2, 5, 9]]})
     interactions = pd.DataFrame({"out_feature": [4, 4, 8], "kind": ["cross", "self", "cross"], "rank": [1, 1, 30],
                                  "in_a": [2, 6, 1], "in_b": [6, 6, 5]})
     found = label_candidates(groups, sets, interactions, CFG)
@@ -144,3 +165,10 @@ def test_the_candidates_to_ablate():
     assert to_ablate(verdicts, "pair", 2, negation=False)["out_feature"].tolist() == [0, 1]
     assert to_ablate(verdicts, "pair", 2, negation=True)["out_feature"].tolist() == [0, 1, 3]
     assert to_ablate(verdicts, "group", 2, negation=True)["out_feature"].tolist() == [0]
+
+
+def test_an_input_in_two_label_groups_stays_in_the_smaller():
+    from pipelines.analysis.groups import _disjoint
+
+    assert _disjoint([1, 2], [1, 5, 6]) == ([1, 2], [5, 6])
+    assert _disjoint([1, 5, 6], [1, 2]) == ([5, 6], [1, 2])

@@ -16,8 +16,8 @@ from circuits.groups import GroupResult, GroupStats, ReadSetStats, pair_slots
 from circuits.layer import LayerBatch
 from circuits.sae_basis import input_basis
 from circuits.weights import MLPWeights, SAEWeights
-from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, label_groups, rank_groups,
-                                         reading_sets, split_pairs)
+from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, rank_groups, reading_sets,
+                                         split_pairs)
 
 
 def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, input_site: str, layer: int,
@@ -31,20 +31,22 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
     basis = input_basis(sae_in.W_dec, sae_in.b_dec, mlp.g if input_site == "resid_mid" else None)
     n_in = basis.shape[1] - 1
     sets = reading_sets(eigen, eigen_inputs, cfg) if "eigen" in cfg.groups else _no_sets()
-    groups = label_groups(facts) if "labels" in cfg.groups else {}
+    groups = facts.classes if "labels" in cfg.groups else {}
     labelled = label_candidates(groups, sets, interactions, cfg) if groups else pd.DataFrame()
     read_stats = _read_set_stats(mlp, basis, directions, sets, cfg.max_members, n_in) if len(sets) else None
-    names = sorted(groups)
     group_stats = None
     if len(labelled):
-        membership = torch.zeros(n_in, len(names), dtype=torch.bool, device=device)
-        for g, name in enumerate(names):
-            membership[groups[name], g] = True
-        index = {name: g for g, name in enumerate(names)}
+        sides = [_disjoint(groups[a], groups[b]) for a, b in zip(labelled["label_a"], labelled["label_b"])]
+        labelled = labelled.assign(members_a=[a for a, _ in sides], members_b=[b for _, b in sides])
+        distinct = sorted({tuple(m) for side in sides for m in side})
+        membership = torch.zeros(n_in, len(distinct), dtype=torch.bool, device=device)
+        for g, members in enumerate(distinct):
+            membership[list(members), g] = True
+        index = {members: g for g, members in enumerate(distinct)}
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
         group_stats = GroupStats(as_tensor(labelled["out_feature"].tolist()),
-                                 as_tensor([index[n] for n in labelled["label_a"]]),
-                                 as_tensor([index[n] for n in labelled["label_b"]]), membership, basis,
+                                 as_tensor([index[tuple(a)] for a, _ in sides]),
+                                 as_tensor([index[tuple(b)] for _, b in sides]), membership, basis,
                                  mlp.W_gate, mlp.W_in, directions @ mlp.W_out.T)
     if read_stats is not None or group_stats is not None:
         for batch in tqdm(batches(), desc=f"layer {layer} groups", unit="batch"):
@@ -56,9 +58,9 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
         frames.append(_eigen_frame(read_stats, sets, basis, facts, cfg))
     if group_stats is not None:
         frames.append(_gate_frame(group_stats.result(), cfg, source="labels", out_feature=labelled["out_feature"],
-                                  eigen_rank=pd.NA, members_a=[groups[n] for n in labelled["label_a"]],
-                                  members_b=[groups[n] for n in labelled["label_b"]], label_a=labelled["label_a"],
-                                  label_b=labelled["label_b"], split_share=np.nan, split_pair=False))
+                                  eigen_rank=pd.NA, members_a=labelled["members_a"], members_b=labelled["members_b"],
+                                  label_a=labelled["label_a"], label_b=labelled["label_b"], split_share=np.nan,
+                                  split_pair=False))
     if not frames:
         return pd.DataFrame(columns=_GATE_COLUMNS), pd.DataFrame(columns=_TRUTH_COLUMNS)
     gates = pd.concat(frames, ignore_index=True)
@@ -75,6 +77,14 @@ _GATE_COLUMNS = ["layer", "out_feature", "group_a", "group_b", "source", "eigen_
                  "members_a", "members_b", "n_active", "coactivation", "contribution_share", "and_data", "n_both",
                  "n_a_only", "n_b_only", "gate_score", "split_share", "split_pair", "circuit_rank"]
 _TRUTH_COLUMNS = ["layer", "out_feature", "group_a", "group_b", "cell", "n_tokens", "mean_activation", "active_share"]
+
+
+def _disjoint(a: list[int], b: list[int]) -> tuple[list[int], list[int]]:
+    """Two label groups without common members: an input in both stays in the smaller only."""
+    both = set(a) & set(b)
+    if len(a) <= len(b):
+        return list(a), [m for m in b if m not in both]
+    return [m for m in a if m not in both], list(b)
 
 
 def _no_sets() -> pd.DataFrame:

@@ -15,10 +15,13 @@ Groups (`circuits.groups`). Per output, from what the corpus and the weights giv
 - `eigen`: each of the output's `n_eigen` eigenvectors carrying most of its activation
   (`eigen.activation_share`) reads inputs (`eigen_inputs`, |cosine| >= `min_cosine`, at most
   `max_members`); their best split into two groups is found on held-out tokens;
-- `labels`: inputs with the same label (`features.label`: the class holding most of the
-  input's activation, see `pipelines.analysis.features`) form a group, and two label groups
-  are a candidate of an output when one of its eigenvectors above reads members of both or
-  one of its `n_interactions` strongest cross terms joins them.
+- `labels`: the inputs mainly in one label class form a group: at least `label_share` of the
+  input's activation falls on the class's tokens, at least `label_lift` times the class's
+  share of all tokens (`feature_labels`; the features' own label rule, channel by channel,
+  so an input of negations in positive contexts is in both the `negation` and the
+  `context=positive` group). Two label groups are a candidate of an output when one of its
+  eigenvectors above reads members of both or one of its `n_interactions` strongest cross
+  terms joins them; an input in both stays in the smaller group only.
 A group gate is a split when split pairs carry most of the cross terms between its groups
 (label groups of two classes are distinct concepts by construction). Group gates get a
 `circuit_rank` of their own, by the same rule.
@@ -60,6 +63,10 @@ class VerdictConfig(Config):
     max_members: int = option(8, "inputs per eigenvector's reading set (its strongest reads; at most the circuits "
                                  "stage's n_eigen_inputs are stored)", low=2, high=MAX_MEMBERS)
     n_interactions: int = option(10, "strongest cross terms per output that can join two label groups", low=0)
+    label_share: float = option(0.5, "an input is in a label class's group with at least this share of its activation "
+                                     "on the class's tokens", low=0.0, high=1.0)
+    label_lift: float = option(1.5, "... and that share at least this many times the class's share of all tokens",
+                               low=1.0)
     split_cosine: float = option(0.4, "a pair whose inputs fire together at least split_lift times as often as "
                                       "chance is a split pair with this input cosine or more (or a shared "
                                       "top-activating token)", low=-1.0, high=1.0)
@@ -94,12 +101,13 @@ class InputFacts:
     top_token: dict[int, str]  # input feature -> its top token
     top_tokens: dict[int, set[str]]  # input feature -> the tokens of its best-activating contexts
     label: dict[int, str]  # input feature -> its label class (labelled ones only)
-    out_label: dict[int, str]  # output feature -> its label
+    classes: dict[str, list[int]]  # label class -> the input features mainly in it (`VerdictConfig.label_share`)
     boost: dict[int, tuple[str, float]]  # output feature -> (lexicon class it boosts most, sd)
     descriptions: dict[tuple[str, int], str]  # ("in" | "out", feature) -> description
 
     @classmethod
-    def of(cls, features: pd.DataFrame | None, layer: int, input_site: str) -> "InputFacts":
+    def of(cls, features: pd.DataFrame | None, labels: pd.DataFrame | None, layer: int, input_site: str,
+           cfg: VerdictConfig) -> "InputFacts":
         if features is None or features.empty:
             return cls({}, {}, {}, {}, {}, {})
         mine = features[features["layer"] == layer]
@@ -111,7 +119,8 @@ class InputFacts:
         descriptions = {("in", f): d for f, d in text(ins, "description").items()}
         descriptions.update({("out", f): d for f, d in text(outs, "description").items()})
         tokens = {int(f): set(v) for f, v in zip(ins["feature"], ins["top_tokens"]) if v is not None}
-        return cls(text(ins, "top_token"), tokens, text(ins, "label"), text(outs, "label"), boost, descriptions)
+        return cls(text(ins, "top_token"), tokens, text(ins, "label"), _classes(labels, layer, input_site, cfg),
+                   boost, descriptions)
 
     def same_top_token(self, a, b) -> np.ndarray:
         """Whether inputs a[i] and b[i] have the same `top_token` (never for unknown inputs)."""
@@ -137,6 +146,18 @@ class InputFacts:
                 if cls is not None and cls != ctx[len(CONTEXT):] and sd >= cfg.boost_sd:
                     return True
         return False
+
+
+def _classes(labels: pd.DataFrame | None, layer: int, input_site: str, cfg: VerdictConfig) -> dict[str, list[int]]:
+    """Label class -> the input features mainly in it (see the module docstring)."""
+    if labels is None or labels.empty:
+        return {}
+    mine = labels[(labels["layer"] == layer) & (labels["site"] == input_site) & (labels["kind"] == "activation_share")
+                  & (labels["value"] >= cfg.label_share) & (labels["lift"] >= cfg.label_lift)]
+    found: dict[str, list[int]] = {}
+    for channel, cls, feature in sorted(zip(mine["channel"], mine["class"], mine["feature"])):
+        found.setdefault(cls if cls == channel else f"{channel}={cls}", []).append(int(feature))
+    return dict(sorted(found.items()))
 
 
 def has_negation_labels(classes: dict[str, list[str]]) -> bool:
@@ -186,26 +207,22 @@ def reading_sets(eigen: pd.DataFrame, eigen_inputs: pd.DataFrame, cfg: VerdictCo
     return sets[sets["members"].map(len) >= 2].reset_index(drop=True)
 
 
-def label_groups(facts: InputFacts) -> dict[str, list[int]]:
-    """Inputs grouped by their label, the classes in sorted order."""
-    groups: dict[str, list[int]] = {}
-    for feature, label in sorted(facts.label.items()):
-        groups.setdefault(label, []).append(feature)
-    return dict(sorted(groups.items()))
-
-
 def label_candidates(groups: dict[str, list[int]], sets: pd.DataFrame, interactions: pd.DataFrame | None,
                      cfg: VerdictConfig) -> pd.DataFrame:
-    """(out_feature, label_a, label_b) for each pair of label groups an output's reading sets
-    or strongest cross terms join."""
-    group_of = {m: label for label, members in groups.items() for m in members}
+    """(out_feature, label_a, label_b) for each pair of label groups (`InputFacts.classes`)
+    an output's reading sets or strongest cross terms join."""
+    group_of: dict[int, list[str]] = {}
+    for label, members in groups.items():
+        for m in members:
+            group_of.setdefault(m, []).append(label)
     found = set()
 
     def join(out: int, inputs_a, inputs_b) -> None:
         for a, b in zip(inputs_a, inputs_b):
-            la, lb = group_of.get(a), group_of.get(b)
-            if la is not None and lb is not None and la != lb:
-                found.add((out, *sorted((la, lb))))
+            for la in group_of.get(a, ()):
+                for lb in group_of.get(b, ()):
+                    if la != lb:
+                        found.add((out, *sorted((la, lb))))
 
     for out, members in zip(sets["out_feature"], sets["members"]):
         pairs = [(a, b) for i, a in enumerate(members) for b in members[i + 1:]]
