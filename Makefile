@@ -23,9 +23,10 @@ test-fast:
 	python3 -m pytest -q -m "not slow"
 
 # Refresh the committed reference copy of the demo's tables and report (all but the
-# interactions and lowrank_samples tables, the largest, which the demo regenerates).
+# interactions, lowrank_samples and gate_truth tables, the largest, which the demo regenerates).
 reference: demo
 	rm -rf results/reference
 	mkdir -p results/reference
 	cp -r results/demo/tables results/demo/report results/demo/demo_config.json results/reference/
-	rm -rf results/reference/tables/.stamps results/reference/tables/interactions results/reference/tables/lowrank_samples
+	rm -rf results/reference/tables/.stamps results/reference/tables/interactions results/reference/tables/lowrank_samples \
+		results/reference/tables/gate_truth
