@@ -487,7 +487,7 @@ def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
     model = work.lm.model
     boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
     facts = InputFacts.of(features, labels, layer, saes.input_site, job.verdicts)
-    frames = judge_layer(model, saes, work.store.held_out, circuits, facts, has_negation_labels(work.store.classes),
+    frames = judge_layer(model, saes, work.store.held_out, circuits, facts, has_negation_labels(labels),
                          boosted, job.verdicts)
     for name, frame in frames.items():
         schemas.write(frame, run.tables, name, layer, part=part, provenance=stamp.to_json())

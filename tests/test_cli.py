@@ -352,8 +352,9 @@ def test_demo_small_prints_only_ablated_candidates(demo):
     printed = _printed_candidates(out)
     pairs = [c for c in printed if c["section"] == "pair"]
     groups = [c for c in printed if c["section"] == "group"]
-    # more than the n_ablate best of each layer were printed: the rest must have been ablated too
-    assert len(pairs) > 2 * DemoConfig.small().verdicts.verdicts.n_ablate
+    # the n_ablate best of each of the two layers, and any negation gate beyond them (which the
+    # small demo's labels may not yield; test_verdicts checks that one is chosen for ablation)
+    assert len(pairs) >= 2 * DemoConfig.small().verdicts.verdicts.n_ablate
     assert groups and all(c["kind"] == "group" for c in groups) and all(c["kind"] == "pair" for c in pairs)
     rows = verdicts.set_index(["kind", "layer", "circuit_rank"])
     pair_ablation = pd.read_parquet(run / "tables" / "gate_ablation")

@@ -23,7 +23,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     """The `gate_ablation`, `group_gates`, `group_truth`, `group_ablation` and `gate_verdicts`
     rows of one layer, from its circuit tables (`CIRCUIT_READS`, output SAE features, this
     input site), what the features say (`facts`), and held-out `rows`. `negation`: whether
-    the corpus has the labels the negation-gate rule reads (else that column is null)."""
+    the feature labels carry the channels the negation-gate rule reads (else that column is
+    null, `has_negation_labels`)."""
     layer = saes.layer
     mlp = from_hooked_transformer(model, layer)
     outputs = saes.sae_out.weights

@@ -160,10 +160,11 @@ def _classes(labels: pd.DataFrame | None, layer: int, input_site: str, cfg: Verd
     return dict(sorted(found.items()))
 
 
-def has_negation_labels(classes: dict[str, list[str]]) -> bool:
-    """Whether the corpus's label channels (`TokenStore.classes`) let the negation-gate
-    rule speak: a `negation` channel and a `context` one."""
-    return NEGATION in classes and CONTEXT.rstrip("=") in classes
+def has_negation_labels(labels: pd.DataFrame | None) -> bool:
+    """Whether the feature labels the negation-gate rule reads (`feature_labels`) let it
+    speak: they have a `negation` channel and a `context` one."""
+    channels = set() if labels is None else set(labels["channel"].astype(str))
+    return NEGATION in channels and CONTEXT.rstrip("=") in channels
 
 
 # ------------------------------------------------------------------ pairs
