@@ -408,6 +408,17 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit:  # argparse has printed its usage message
         return int(exit.code or 0)
+    from pipelines.engine.cluster import TaskFailed, disconnect
+    from pipelines.engine.lock import RunBusyError, run_lock
+
+    try:
+        return _run(args)
+    finally:
+        disconnect()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command `args` names, its known errors as one line (a traceback with --debug)."""
     from pipelines.engine.cluster import TaskFailed
     from pipelines.engine.lock import RunBusyError, run_lock
 

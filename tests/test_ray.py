@@ -57,6 +57,9 @@ def test_a_ray_run_gives_the_tables_of_a_local_run(base, tmp_path):
     shutil.copytree(base, there)
     stages(here)
     stages(there, "--ray", "--workers", "2")
+    import ray
+
+    assert not ray.is_initialized()  # each command leaves the runtime it started: nothing lingers in this process
     for name in TABLES:
         # the same seeds and one thread per worker: the same numbers, whichever process made them
         pd.testing.assert_frame_equal(read(here, name), read(there, name), check_exact=False, rtol=1e-6, atol=1e-9,

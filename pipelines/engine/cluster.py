@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 import traceback
 import uuid
@@ -75,6 +76,15 @@ def connect(runtime) -> object:
         raise ValueError(f"--threads {runtime.threads}: no node of the Ray cluster has that many CPUs (at most "
                          f"{largest:g}); each task asks for --threads CPUs")
     return ray
+
+
+def disconnect() -> None:
+    """Leave the Ray cluster this process joined, if any (a local runtime stops with it), so
+    that a command leaves nothing behind in a process that goes on, such as a test session
+    or a notebook."""
+    ray = sys.modules.get("ray")  # never imports Ray: a command without --ray did not load it
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 def run_on_ray(runtime, work, inputs, tasks: list, stage: str) -> list:
