@@ -408,8 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit:  # argparse has printed its usage message
         return int(exit.code or 0)
-    from pipelines.engine.cluster import TaskFailed, disconnect
-    from pipelines.engine.lock import RunBusyError, run_lock
+    from pipelines.engine.cluster import disconnect
 
     try:
         return _run(args)
