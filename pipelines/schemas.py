@@ -236,7 +236,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         *_GROUPS,
         *_ABLATED,
     )),
-    Table("gate_verdicts", "verdicts", "an output's circuit candidate: its best pair, or its best group gate",
+    Table("gate_verdicts", "verdicts", "an output's circuit candidate (its best pair, or its best group gate) and the split pairs that outscore it",
           keys=(*_ORDER, "kind"), sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
           categories=("kind",), columns=(
         col("kind", STR, "`pair` or `group`"),

@@ -55,9 +55,11 @@ def test_circuit_rank_puts_split_pairs_after_every_other_candidate():
         gate(15, 8, 9, 0.15, lift=3.0),  # different top tokens, but both peak on "dad" and fire together: split
     ])
     ranked = rank_pairs(gates, facts(), CFG)
+    # output 10's split pair outscores its candidate: named and ranked after every other candidate, not dropped
     assert ranked[["out_feature", "in_a", "in_b", "circuit_rank", "split_pair"]].values.tolist() == [
-        [12, 1, 2, 1, False], [10, 1, 6, 2, False], [11, 2, 3, 3, True], [15, 8, 9, 4, True], [13, 6, 7, 5, True]]
-    assert ranked["same_top_token"].tolist() == [False, False, True, False, False]
+        [12, 1, 2, 1, False], [10, 1, 6, 2, False], [10, 4, 5, 3, True], [11, 2, 3, 4, True], [15, 8, 9, 5, True],
+        [13, 6, 7, 6, True]]
+    assert ranked["same_top_token"].tolist() == [False, False, True, True, False, False]
 
 
 def ablation_rows(keys: dict, drop_a: float, drop_b: float) -> list[dict]:

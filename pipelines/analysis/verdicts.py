@@ -178,16 +178,23 @@ def split_pairs(same_token: np.ndarray, shared_token: np.ndarray, cosine: np.nda
 
 
 def rank_pairs(gates: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
-    """Each output's circuit candidate (rows of `gates`, data-ranked ones only) with
-    `same_top_token`, `split_pair` and `circuit_rank`, best first."""
+    """Each output's circuit candidate (rows of `gates`, data-ranked ones only), and the
+    split pairs that outscore it, with `same_top_token`, `split_pair` and `circuit_rank`,
+    best first."""
     ranked = gates[gates["gate_score"].notna()].copy()
     ranked["same_top_token"] = facts.same_top_token(ranked["in_a"], ranked["in_b"])
     ranked["split_pair"] = split_pairs(ranked["same_top_token"].to_numpy(),
                                        facts.shared_top_token(ranked["in_a"], ranked["in_b"]),
                                        ranked["input_cosine"].to_numpy(), ranked["coactivation_lift"].to_numpy(), cfg)
     ranked = ranked.sort_values(["split_pair", "gate_score", "in_a", "in_b"], ascending=[True, False, True, True])
-    chosen = ranked.drop_duplicates(["layer", "out_feature"])
-    chosen = chosen.sort_values(["layer", "split_pair", "gate_score", "out_feature"], ascending=[True, True, False, True])
+    candidates = ranked.drop_duplicates(["layer", "out_feature"])
+    # the split pairs a ranking by gate_score alone would show before an output's candidate stay
+    # in the table, named and ranked last, so that a reader finds what was demoted and why
+    bar = ranked.join(candidates.set_index(["layer", "out_feature"])["gate_score"].rename("bar"),
+                      on=["layer", "out_feature"])["bar"]
+    demoted = ranked[ranked["split_pair"] & (ranked["gate_score"] > bar)]
+    chosen = pd.concat([candidates, demoted]).sort_values(
+        ["layer", "split_pair", "gate_score", "out_feature", "in_a", "in_b"], ascending=[True, True, False, True, True, True])
     chosen["circuit_rank"] = chosen.groupby("layer").cumcount() + 1
     return chosen.reset_index(drop=True)
 

@@ -323,7 +323,9 @@ def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts:
         verdicts = select(tables.get("gate_verdicts"), site)
         if verdicts is not None:
             for kind, prefix in (("pair", "gate"), ("group", "group")):
-                best = verdicts[verdicts["kind"] == kind].drop_duplicates(["layer", "out_feature"])
+                # an output's candidate; split pairs that outscore it come after it by circuit_rank
+                best = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank").drop_duplicates(
+                    ["layer", "out_feature"])
                 best = best[["layer", "out_feature", "circuit_rank", "contribution_share", "and_data", "coactivation",
                              "split_pair", "members_a", "members_b"]].rename(columns={
                     "out_feature": "feature", "circuit_rank": f"{prefix}_rank", "contribution_share": f"{prefix}_share",
