@@ -62,8 +62,14 @@ def test_stage_outputs(run):
     for column in ("kind", "circuit_rank", "split_pair", "verdict", "is_and", "negation_gate"):
         assert column in verdicts.columns, column
     assert set(verdicts["kind"]) == {"pair", "group"}
-    # one row per output and kind, ranked 1, 2, ... within each layer and kind
-    assert not verdicts.duplicated(["layer", "input_site", "outputs", "out_feature", "kind"]).any()
+    # one candidate per output and kind; an output's other rows are split pairs that outscore it,
+    # ranked after every candidate that is not a split; ranked 1, 2, ... within each layer and kind
+    again = verdicts.duplicated(["layer", "input_site", "outputs", "out_feature", "kind"])
+    assert verdicts.loc[again, "split_pair"].all() and set(verdicts.loc[again, "kind"]) <= {"pair"}
+    for _, frame in verdicts[verdicts["kind"] == "pair"].groupby("layer"):
+        split = frame["split_pair"].astype(bool)
+        if split.any():
+            assert frame.loc[~split, "circuit_rank"].max() < frame.loc[split, "circuit_rank"].min()
     for _, frame in verdicts.groupby(["layer", "kind"]):
         assert sorted(frame["circuit_rank"]) == list(range(1, len(frame) + 1))
 

@@ -313,9 +313,11 @@ def plant(run: RunPaths, layer: int, site: str, feature: int, description: str =
 
 
 def plant_verdict(run: RunPaths, layer: int, site: str, out: int, verdict: str) -> None:
-    """Replace the verdict text of output `out`'s pair candidate in gate_verdicts."""
+    """Replace the verdict text of output `out`'s pair candidate in gate_verdicts (its best
+    ranked row: split pairs that outscore it come after it)."""
     verdicts = schemas.select(read_table(run.tables, "gate_verdicts", [layer]), site)
-    hit = (verdicts["out_feature"] == out) & (verdicts["kind"] == "pair")
+    mine = (verdicts["out_feature"] == out) & (verdicts["kind"] == "pair")
+    hit = mine & (verdicts["circuit_rank"] == verdicts.loc[mine, "circuit_rank"].min())
     assert hit.sum() == 1
     verdicts.loc[hit, "verdict"] = verdict
     schemas.write(verdicts, run.tables, "gate_verdicts", layer, part=f"{site}-sae")
@@ -1098,6 +1100,7 @@ def test_explorer_in_a_browser(browser, demo_run):  # browser first: its skip sa
     # by pair rank: the layer's circuit candidate pairs in rank order, then the outputs without one
     p.click("#index-table th[data-key='gate_rank']")
     pairs = verdicts[(verdicts["layer"] == layer) & (verdicts["kind"] == "pair")].sort_values("circuit_rank")
+    pairs = pairs.drop_duplicates("out_feature")  # an output's candidate; its demoted split pairs rank later
     ids = p.eval_on_selector_all("#index-body tr", "rows => rows.map(r => +r.dataset.feature)")
     assert ids[:len(pairs)] == pairs["out_feature"].tolist()
     ranks = p.eval_on_selector_all("#index-body tr td:nth-child(6)", "c => c.map(x => x.textContent)")

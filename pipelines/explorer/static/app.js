@@ -511,12 +511,15 @@
     return html;
   }
 
-  /* The verdicts stage's row of output f: its circuit candidate pair, or its best group gate. */
+  /* The verdicts stage's row of output f: its circuit candidate pair (the best ranked of its
+     rows: split pairs that outscore it are ranked after it), or its best group gate. */
   function verdictOf(V, f, kind) {
     const v = T(V && V.gate_verdicts);
     if (!v) return null;
-    for (const i of rowsOf(v, "out_feature", f)) if (val(v, "kind", i) === kind) return rec(v, i);
-    return null;
+    let best = null;
+    for (const i of rowsOf(v, "out_feature", f))
+      if (val(v, "kind", i) === kind && (best === null || val(v, "circuit_rank", i) < val(v, "circuit_rank", best))) best = i;
+    return best === null ? null : rec(v, best);
   }
   function verdictHtml(v) {
     if (!v) return "";
