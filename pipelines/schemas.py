@@ -237,7 +237,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         *_ABLATED,
     )),
     Table("gate_verdicts", "verdicts", "an output's circuit candidate (its best pair, or its best group gate) and the split pairs that outscore it",
-          keys=(*_ORDER, "kind"), sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
+          keys=(*_ORDER, "kind", "in_a", "in_b", "group_a", "group_b"),
+          sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
           categories=("kind",), columns=(
         col("kind", STR, "`pair` or `group`"),
         col("circuit_rank", INT, "rank in the layer among candidates of its kind: by gate_score, split pairs last"),
@@ -268,10 +269,16 @@ TABLES: dict[str, Table] = {t.name: t for t in (
 
 def write(frame: pd.DataFrame, root: str | Path, name: str, layer: int | None = None, part: str = "part",
           provenance: dict | None = None) -> Path:
-    """Write table `name`'s rows in its sort order with its schema (see `pipelines.engine.tables`)."""
+    """Write table `name`'s rows in its sort order with its schema (see `pipelines.engine.tables`);
+    rows whose keys repeat are an error."""
     table = TABLES[name]
     if layer is not None:
         frame = frame.assign(layer=int(layer))
+    keys = [k for k in table.keys if k in frame.columns]
+    repeated = frame[frame.duplicated(subset=keys, keep=False)] if keys and len(frame) else frame.iloc[:0]
+    if len(repeated):
+        raise ValueError(f"table {name}: {len(repeated)} rows share their keys {keys} with another row, e.g. "
+                         f"{repeated[keys].iloc[0].to_dict()}")
     order = [c for c in table.sort if c in frame.columns]
     frame = frame.sort_values(order, kind="stable").reset_index(drop=True) if order and len(frame) else frame
     return write_table(frame, root, name, layer, table.schema, part=part, provenance=provenance)

@@ -38,6 +38,16 @@ def test_write_sorts_rows_and_fixes_types(tmp_path):
         schemas.write(frame.assign(stray=1), tmp_path, "lowrank", layer=3)
 
 
+def test_write_refuses_missing_columns_and_repeated_keys(tmp_path):
+    frame = pd.DataFrame({"layer": [0, 0], "outputs": "sae", "input_site": "resid_mid", "out_feature": [2, 0],
+                          "n_eigs": [1, 1], "n_active": [5, 6], "corr_active": [0.5, 0.25]})
+    with pytest.raises(ValueError, match=r"lacks its schema's columns \['corr_active'\]"):
+        schemas.write(frame.drop(columns="corr_active"), tmp_path, "lowrank", layer=3)
+    with pytest.raises(ValueError, match="2 rows share their keys"):
+        schemas.write(frame.assign(out_feature=1), tmp_path, "lowrank", layer=3)
+    assert not list(tmp_path.rglob("*.parquet"))  # nothing written
+
+
 def test_select_picks_one_input_site_and_output_set():
     frame = pd.DataFrame({"outputs": ["sae", "sae", "hosvd"], "input_site": ["resid_mid", "mlp_in", "resid_mid"],
                           "v": [1, 2, 3]})

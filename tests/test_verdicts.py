@@ -105,6 +105,8 @@ def test_what_fails_is_named(change, reason):
     ({1: "negation", 6: "context=positive"}, {7: ("positive", 2.0)}, False),  # boosts the context's own class
     ({1: "context=negative", 6: "context=positive"}, {7: ("negative", 2.0)}, False),  # no negation side
     ({1: "negation"}, {7: ("negative", 2.0)}, False),  # the other side has no context label
+    ({1: "lexicon=negation | negation", 6: "context=positive | lexicon=x"}, {7: ("negative", 2.0)}, True),  # merged
+    ({1: "lexicon=negation | negation", 6: "context=negative | lexicon=x"}, {7: ("negative", 2.0)}, False),
 ])
 def test_negation_label(labels, boost, expected):
     v = verdict_of([gate(7, 1, 6, 0.3)], [], labels=labels, boost=boost)
@@ -174,3 +176,19 @@ def test_an_input_in_two_label_groups_stays_in_the_smaller():
 
     assert _disjoint([1, 2], [1, 5, 6]) == ([1, 2], [5, 6])
     assert _disjoint([1, 5, 6], [1, 2]) == ([5, 6], [1, 2])
+
+
+def test_label_classes_with_the_same_members_make_one_gate():
+    from pipelines.analysis.groups import _one_row_per_gate
+
+    # lexicon=negative and sentiment=negative hold the same input: the gates they make with the
+    # context group (and with negation, on the other side by name order) are one gate each
+    labelled = pd.DataFrame({
+        "out_feature": [3, 3, 3, 3, 4],
+        "label_a": ["context=positive", "context=positive", "lexicon=negative", "negation", "context=positive"],
+        "label_b": ["lexicon=negative", "sentiment=negative", "negation", "sentiment=negative", "sentiment=negative"],
+        "members_a": [[1, 2], [1, 2], [9], [5], [1, 2]], "members_b": [[9], [9], [5], [9], [9]]})
+    rows = _one_row_per_gate(labelled).values.tolist()
+    assert rows == [[3, "context=positive", "lexicon=negative | sentiment=negative", [1, 2], [9]],
+                    [3, "lexicon=negative | sentiment=negative", "negation", [9], [5]],
+                    [4, "context=positive", "sentiment=negative", [1, 2], [9]]]

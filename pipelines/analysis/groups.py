@@ -16,8 +16,8 @@ from circuits.groups import GroupResult, GroupStats, ReadSetStats, pair_slots
 from circuits.layer import LayerBatch
 from circuits.sae_basis import input_basis
 from circuits.weights import MLPWeights, SAEWeights
-from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, rank_groups, reading_sets,
-                                         split_pairs)
+from pipelines.analysis.verdicts import (LABEL_JOIN, InputFacts, VerdictConfig, label_candidates, rank_groups,
+                                         reading_sets, split_pairs)
 
 
 def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, input_site: str, layer: int,
@@ -37,7 +37,8 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
     group_stats = None
     if len(labelled):
         sides = [_disjoint(groups[a], groups[b]) for a, b in zip(labelled["label_a"], labelled["label_b"])]
-        labelled = labelled.assign(members_a=[a for a, _ in sides], members_b=[b for _, b in sides])
+        labelled = _one_row_per_gate(labelled.assign(members_a=[a for a, _ in sides], members_b=[b for _, b in sides]))
+        sides = list(zip(labelled["members_a"], labelled["members_b"]))
         distinct = sorted({tuple(m) for side in sides for m in side})
         membership = torch.zeros(n_in, len(distinct), dtype=torch.bool, device=device)
         for g, members in enumerate(distinct):
@@ -85,6 +86,24 @@ def _disjoint(a: list[int], b: list[int]) -> tuple[list[int], list[int]]:
     if len(a) <= len(b):
         return list(a), [m for m in b if m not in both]
     return [m for m in a if m not in both], list(b)
+
+
+def _one_row_per_gate(labelled: pd.DataFrame) -> pd.DataFrame:
+    """Label classes with the same members (e.g. a lexicon class and a sentiment class of the
+    same words) give the same gate: keep one row, each side named by all its classes joined
+    with `LABEL_JOIN`."""
+    merged: dict[tuple, tuple[set[str], set[str]]] = {}
+    for out, la, lb, ma, mb in zip(labelled["out_feature"], labelled["label_a"], labelled["label_b"],
+                                   labelled["members_a"], labelled["members_b"]):
+        key = (int(out), tuple(ma), tuple(mb))
+        if key not in merged and (int(out), tuple(mb), tuple(ma)) in merged:
+            key, la, lb = (int(out), tuple(mb), tuple(ma)), lb, la
+        names_a, names_b = merged.setdefault(key, (set(), set()))
+        names_a.add(la)
+        names_b.add(lb)
+    return pd.DataFrame([(out, LABEL_JOIN.join(sorted(na)), LABEL_JOIN.join(sorted(nb)), list(ma), list(mb))
+                         for (out, ma, mb), (na, nb) in merged.items()],
+                        columns=["out_feature", "label_a", "label_b", "members_a", "members_b"])
 
 
 def _no_sets() -> pd.DataFrame:

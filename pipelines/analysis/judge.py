@@ -51,4 +51,4 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         verdicts["negation_gate"] = None
     frames = {**ablated, "group_gates": group_gates, "group_truth": group_truth,
               "gate_verdicts": verdicts.assign(**keys) if len(verdicts) else TABLES["gate_verdicts"].empty()}
-    return {name: frame[[c for c in TABLES[name].names if c in frame.columns]] for name, frame in frames.items()}
+    return frames

@@ -47,6 +47,7 @@ from circuits.groups import MAX_MEMBERS
 
 NEGATION = "negation"
 CONTEXT = "context="
+LABEL_JOIN = " | "  # a group of several label classes with the same members is named by all of them
 SOURCES = ("eigen", "labels")
 
 
@@ -140,11 +141,12 @@ class InputFacts:
 
     def negation_gate(self, out_feature: int, label_a: str | None, label_b: str | None, cfg: VerdictConfig) -> bool:
         """One side negation, the other context C, the output boosting another class's words."""
+        names = lambda label: label.split(LABEL_JOIN) if isinstance(label, str) else []  # noqa: E731
+        cls, sd = self.boost.get(out_feature, (None, float("nan")))
         for neg, ctx in ((label_a, label_b), (label_b, label_a)):
-            if neg == NEGATION and isinstance(ctx, str) and ctx.startswith(CONTEXT):
-                cls, sd = self.boost.get(out_feature, (None, float("nan")))
-                if cls is not None and cls != ctx[len(CONTEXT):] and sd >= cfg.boost_sd:
-                    return True
+            contexts = [c[len(CONTEXT):] for c in names(ctx) if c.startswith(CONTEXT)]
+            if NEGATION in names(neg) and contexts and cls is not None and cls not in contexts and sd >= cfg.boost_sd:
+                return True
         return False
 
 

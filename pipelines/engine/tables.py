@@ -43,7 +43,8 @@ def write_table(
     """Write `df` as table `name` (layer `layer`, part `part`), replacing that file.
 
     With a layer, the `layer` column is set to it. `schema` fixes column types (and
-    order); columns it lacks are an error rather than silently dropped.
+    order); a column it lacks, or one of its columns missing from `df`, is an error rather
+    than silently dropped or filled with nulls.
     """
     path = table_path(root, name, layer, part)
     if layer is not None:
@@ -52,6 +53,9 @@ def write_table(
         extra = sorted(set(df.columns) - set(schema.names))
         if extra:
             raise ValueError(f"table {name} has columns {extra} that its schema lacks")
+        missing = [c for c in schema.names if c not in df.columns]
+        if missing:
+            raise ValueError(f"table {name} lacks its schema's columns {missing}")
         df = df.reindex(columns=schema.names)
     table = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
     if provenance is not None:
