@@ -29,17 +29,18 @@ def _offline() -> None:
 # ------------------------------------------------------------------ shared options
 
 
-def _common(p: argparse.ArgumentParser, device: bool = True, ray: bool = False) -> None:
-    """--out, --debug and the runtime's options (--threads, --device, and --ray/--workers
-    for the stages that fan out)."""
+def _common(p: argparse.ArgumentParser, device: bool = True, ray: bool = False, threads: bool = True) -> None:
+    """--out, --debug and the runtime's options the command uses (--threads, --device, and
+    --ray/--workers for the stages that fan out)."""
     from pipelines.engine.cluster import LOCAL
     from pipelines.runtime import Runtime
 
     p.add_argument("--out", type=Path, default=DEFAULT_RUN,
                    help="run directory (default: %(default)s); see results/README.md for its layout")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
-    only = ("threads", "device") if device else ("threads",)
-    add_config(p, Runtime, only=only + (("workers",) if ray else ()))
+    only = (("threads",) if threads else ()) + (("device",) if device else ()) + (("workers",) if ray else ())
+    if only:
+        add_config(p, Runtime, only=only)
     if ray:
         p.add_argument("--ray", nargs="?", const=LOCAL, default=None, metavar="ADDRESS",
                        help="run the stage's tasks on Ray: without ADDRESS on a Ray runtime started here (or the "
@@ -71,9 +72,10 @@ def _corpus_options(p: argparse.ArgumentParser) -> None:
     add_config(p, CorpusConfig)
 
 
-def _model_options(p: argparse.ArgumentParser, ray: bool = False) -> None:
+def _model_options(p: argparse.ArgumentParser, ray: bool = False, corpus: bool = True) -> None:
     _common(p, ray=ray)
-    _corpus_options(p)
+    if corpus:
+        _corpus_options(p)
     p.add_argument("--model", type=Path, default=None, help="model folder in our format (default: OUT/lm)")
     p.add_argument("--layers", default="all", help="'all' or a comma list such as 0,2 (default: %(default)s)")
     p.add_argument("--layer", dest="layers", default=argparse.SUPPRESS, help="one layer (same as --layers L)")
@@ -248,8 +250,10 @@ def cmd_report(args: argparse.Namespace) -> None:
     cfg = config_from(args, ReportConfig)
     choice = config_from(args, SAEChoice)
     ctx = _Context(args)
-    path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, sae_paths=choice.explicit(ctx.layers),
-                        input_site=config_from(args, VerdictsJob).input_site)
+    with ctx.runtime.torch_threads():
+        path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, sae_paths=choice.explicit(ctx.layers),
+                            input_site=config_from(args, VerdictsJob).input_site,
+                            allow_hookless=choice.allow_hookless_saes)
     print(f"report: {path}")
 
 
@@ -302,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("corpus", help="write the built-in story corpus (Parquet)",
                        description="Generate the seeded TinyStories-like corpus with negation ground truth "
                                    "(labelled spans and a lexicon of sentiment words) into OUT/corpus/.")
-    _common(p, device=False)
+    _common(p, device=False, threads=False)
     add_config(p, StoryConfig)
     p.set_defaults(func=cmd_corpus)
 
@@ -375,16 +379,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="write the one-page HTML report of a run",
                        description="Write OUT/report/index.html with PNG figures from the run's tables, the "
                                    "model and its SAEs (or the explicit ones the tables were computed with).")
-    _model_options(p)
+    _model_options(p, corpus=False)
     add_config(p, SAEChoice)
-    add_config(p, VerdictsJob, only=("input_site",))
+    add_config(p, VerdictsJob, only=("input_site",), title="which of the run's circuit tables to report")
     add_config(p, ReportConfig)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("explore", help="write (and optionally serve) the interactive explorer",
                        description="Write OUT/explorer/, a static site that opens from the file system: every "
                                    "feature with its circuits, gates, spectra and contexts.")
-    _common(p, device=False)
+    _common(p, device=False, threads=False)
     p.add_argument("--serve", action="store_true", help="serve the site over HTTP after writing it")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8000, help="port to serve on (default: %(default)s)")

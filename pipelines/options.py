@@ -24,12 +24,14 @@ def flag(name: str, rename: dict[str, str] | None = None) -> str:
 
 def add_config(parser: argparse.ArgumentParser, cls: type[Config], only: tuple[str, ...] | None = None,
                skip: tuple[str, ...] = (), rename: dict[str, str] | None = None,
-               default_text: str | None = None) -> None:
+               default_text: str | None = None, title: str | None = None) -> None:
     """Add one option per field of `cls`; `default_text` replaces the shown defaults (for
-    fields whose default comes from elsewhere, such as a preset)."""
+    fields whose default comes from elsewhere, such as a preset); `title` heads the options
+    in --help (default: the first line of the class's docstring)."""
     hints = typing.get_type_hints(cls)
     base = cls()
-    group = parser.add_argument_group(cls.__doc__.splitlines()[0].rstrip(".").lower() if cls.__doc__ else cls.__name__)
+    title = title or (cls.__doc__.splitlines()[0].rstrip(".").lower() if cls.__doc__ else cls.__name__)
+    group = parser.add_argument_group(title)
     for f in dataclasses.fields(cls):
         if f.name in skip or (only is not None and f.name not in only) or _nested(hints[f.name]):
             continue

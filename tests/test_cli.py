@@ -149,7 +149,7 @@ def test_explicit_paths_give_the_same_tables(run, tmp_path):
     theirs = theirs[theirs["layer"] == 1].reset_index(drop=True)
     assert set(ours["layer"]) == {1}
     pd.testing.assert_frame_equal(ours, theirs, rtol=1e-4)
-    assert main(["report", "--out", str(tmp_path), *explicit]) == 0
+    assert main(["report", "--out", str(tmp_path), *explicit[2:]]) == 0  # the report reads no corpus
     assert list((tmp_path / "report").glob("L1_*_scatter.png"))
 
 
@@ -237,6 +237,11 @@ def test_module_entry_point_help():
         assert "--debug" in done.stdout, command
         if command in fan_out:
             assert "--ray" in done.stdout and "--workers" in done.stdout, command
+        # a command offers only the options it uses: no torch threads where nothing runs on torch,
+        # no corpus where none is read
+        assert ("--threads" in done.stdout) == (command not in ("corpus", "convert", "explore")), command
+        assert ("--corpus" in done.stdout) == (command in ("train-lm", "train-saes", "circuits", "features",
+                                                           "verdicts")), command
 
 
 def test_changed_inputs_are_not_taken_for_done(run, tmp_path, capsys):

@@ -110,6 +110,11 @@ def test_hookless_sae_needs_an_explicit_override(run, tmp_path, capsys):
             "--sae-out", str(run / "saes/layer0_mlp_out"), *CIRCUITS]
     assert "hook" in _error(capsys, argv)
     _ok([*argv, "--allow-hookless-saes"])
+    # the report reads the same SAEs, so it takes the same flag
+    report = ["report", "--out", str(tmp_path / "out"), "--model", str(run / "lm"), "--layer", "0",
+              "--sae-in", str(foreign), "--sae-out", str(run / "saes/layer0_mlp_out")]
+    assert "hook" in _error(capsys, report)
+    _ok([*report, "--allow-hookless-saes"])
 
 
 # ------------------------------------------------------------------ 3. report with other SAEs

@@ -49,6 +49,6 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg)
     if not negation and len(verdicts):
         verdicts["negation_gate"] = None
-    frames = {**ablated, "group_gates": group_gates, "group_truth": group_truth,
-              "gate_verdicts": verdicts.assign(**keys) if len(verdicts) else TABLES["gate_verdicts"].empty()}
-    return frames
+    # a verdict row carries its candidate's working columns (ranks, cross terms): keep the table's
+    verdicts = verdicts.assign(**keys)[TABLES["gate_verdicts"].names] if len(verdicts) else TABLES["gate_verdicts"].empty()
+    return {**ablated, "group_gates": group_gates, "group_truth": group_truth, "gate_verdicts": verdicts}

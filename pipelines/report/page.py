@@ -46,11 +46,12 @@ class ReportConfig(Config):
 
 
 def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: list[int], *,
-                 sae_paths: dict[int, SAEPaths] | None = None, input_site: str = "resid_mid") -> Path:
+                 sae_paths: dict[int, SAEPaths] | None = None, input_site: str = "resid_mid",
+                 allow_hookless: bool = False) -> Path:
     """Write the report of `layers` (see the module docstring); returns the page's path.
 
     `inputs` is the model the tables were computed with; `sae_paths[layer]` are explicit
-    SAEs, checked against those the tables record.
+    SAEs, checked against those the tables record (`allow_hookless`: as in `layer_saes`).
     """
     data = load_report_data(run, layers, input_site, inputs.folder)
     saes = {}
@@ -58,7 +59,7 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: 
         explicit = (sae_paths or {}).get(layer)
         path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, "mlp_out"))
         if Path(path_in).is_dir() and path_out is not None and Path(path_out).is_dir():
-            saes[layer] = layer_saes(run, inputs, layer, explicit, input_site, True)
+            saes[layer] = layer_saes(run, inputs, layer, explicit, input_site, True, allow_hookless)
             check_tables_match(run, layer, f"{input_site}-sae", Path(path_in), Path(path_out))
     steps = tqdm(total=4 + len(layers), desc="report", unit="step")
     with atomic_dir(run.report) as folder:
