@@ -18,11 +18,16 @@ ROWS = 256
 
 @pytest.fixture(scope="module")
 def found():
+    # one thread while building and analysing, then the session's own setting back for the modules after this one
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    world = build_world(PlantedConfig(rows=ROWS))
-    tables = analyse(world, CircuitConfig(), FeatureConfig(n_rows=ROWS),
-                     VerdictConfig(rows=ROWS, groups=("eigen",), n_ablate=len(world.gates), ablate_rows=ROWS))
-    return world, tables, *score(world, tables)
+    try:
+        world = build_world(PlantedConfig(rows=ROWS))
+        tables = analyse(world, CircuitConfig(), FeatureConfig(n_rows=ROWS),
+                         VerdictConfig(rows=ROWS, groups=("eigen",), n_ablate=len(world.gates), ablate_rows=ROWS))
+        return world, tables, *score(world, tables)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_the_planted_ands_are_the_best_group_gates(found):
