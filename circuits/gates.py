@@ -17,7 +17,11 @@ number, each candidate gets
   `m` the mean activations, near 1 for an AND (f needs both inputs), near 0 for an OR
   (either input suffices) and negative for an XOR;
 - `coactivation_lift`, `P(a and b) / (P(a) P(b))` over all tokens: 1 when a and b fire
-  independently, far above 1 when they fire together (two latents of one concept do).
+  independently, far above 1 when they fire together (two latents of one concept do);
+- `gate_score = contribution_share * clip(and_data, 0, 1)`, only where f was active on at
+  least `min_tokens` tokens with both inputs on and each input was on without the other on
+  at least as many (two features of one token always fire together: no data can say f
+  needs both). Group gates (`circuits.groups`) score the same way.
 
 Candidate pairs are held as `[n_out, G]` index arrays padded with `valid`, so every update
 is a few gathers and `index_add`s over the (token, output) pairs where f is active.
@@ -197,27 +201,23 @@ class GateStats:
         centre = torch.where(position == zero_bin[:, None, None], torch.zeros_like(centre), centre)
         return torch.where(counts > 0, centre, torch.full_like(centre, float("nan")))
 
-    def result(self, q: float = 0.9) -> dict[str, torch.Tensor]:
+    def result(self, q: float = 0.9, min_tokens: int = 1) -> dict[str, torch.Tensor]:
         """Per candidate `[n_out, G]` (cells `[n_out, G, 4]`): see the module docstring."""
         active = self.active[:, None]
         counts = self.cell_counts()
-        means = self.cell_sum / counts.clamp_min(1)
-        means = torch.where(counts > 0, means, torch.full_like(means, float("nan")))
-        m11, rest = means[..., 0], means[..., 1:]
-        best_other = torch.nan_to_num(rest, nan=float("-inf")).amax(-1)
-        # no token in any other cell: nothing says whether f needs both inputs
-        known = (counts[..., 0] > 0) & (m11 > 0) & torch.isfinite(best_other)
-        and_data = torch.where(known, (m11 - best_other) / m11, torch.full_like(m11, float("nan")))
+        means = cell_means(self.cell_sum, counts)
+        and_data = and_from_cells(means)
         nan = torch.full_like(self.contribution, float("nan"))
         n_a, n_b = self.input_count[self.c.in_a], self.input_count[self.c.in_b]
         lift = self.co_count[self.c.in_a, self.c.in_b] * self.n_tokens / (n_a * n_b)
+        share = torch.where(self.act_sum[:, None] != 0, self.contribution / self.act_sum[:, None], nan)
         return {
             "n_active": active.expand_as(self.contribution),
             "coactivation": torch.where(active > 0, self.both / active.clamp_min(1), nan),
             "mean_contribution": torch.where(active > 0, self.contribution / active.clamp_min(1), nan),
-            "contribution_share": torch.where(self.act_sum[:, None] != 0,
-                                              self.contribution / self.act_sum[:, None], nan),
+            "contribution_share": share,
             "and_data": and_data,
+            "gate_score": gate_score(share, and_data, self.both, counts, min_tokens),
             "coactivation_lift": torch.where((n_a > 0) & (n_b > 0) & self.c.valid, lift, nan),
             "cell_tokens": counts,
             "cell_mean": means,
@@ -225,6 +225,31 @@ class GateStats:
                                              torch.full_like(means, float("nan"))),
             "cell_quantile": self.cell_quantile(q),
         }
+
+
+def cell_means(cell_sum: torch.Tensor, cell_tokens: torch.Tensor) -> torch.Tensor:
+    """f's mean activation per truth-table cell, NaN for an empty cell: `[..., 4]` each."""
+    return torch.where(cell_tokens > 0, cell_sum / cell_tokens.clamp_min(1), torch.full_like(cell_sum, float("nan")))
+
+
+def and_from_cells(means: torch.Tensor) -> torch.Tensor:
+    """`and_data = (m11 - max(m10, m01, m00)) / m11` from cell means `[..., 4]` (`CELLS`
+    order) -> `[...]`; NaN where m11 is unknown or not positive, or no other cell has
+    tokens (then nothing says whether f needs both sides)."""
+    m11, rest = means[..., 0], means[..., 1:]
+    best_other = torch.nan_to_num(rest, nan=float("-inf")).amax(-1)
+    known = torch.isfinite(m11) & (m11 > 0) & torch.isfinite(best_other)
+    return torch.where(known, (m11 - best_other) / m11, torch.full_like(m11, float("nan")))
+
+
+def gate_score(share: torch.Tensor, and_data: torch.Tensor, both_active: torch.Tensor, cell_tokens: torch.Tensor,
+               min_tokens: int) -> torch.Tensor:
+    """`share * clip(and_data, 0, 1)` `[...]` where f was active on `min_tokens` tokens with
+    both sides on (`both_active`) and each side was on alone on as many (`cell_tokens[..., 1:3]`
+    of `[..., 4]`); NaN elsewhere."""
+    usable = ((both_active >= min_tokens) & (cell_tokens[..., 1] >= min_tokens) & (cell_tokens[..., 2] >= min_tokens)
+              & torch.isfinite(and_data))
+    return torch.where(usable, share * and_data.clamp(0, 1), torch.full_like(share, float("nan")))
 
 
 def quadratic_form(Q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from circuits.gates import and_from_cells, cell_means, gate_score
+
 MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
 
 
@@ -52,17 +54,12 @@ class GroupResult:
     def scores(self, min_cell: int) -> dict[str, torch.Tensor]:
         """`and_data`, `contribution_share`, `coactivation`, `gate_score` and cell means."""
         counts = self.cell_tokens
-        means = torch.where(counts > 0, self.cell_sum / counts.clamp_min(1), torch.full_like(counts, float("nan")))
-        m11, rest = means[..., 0], means[..., 1:]
-        best_other = torch.nan_to_num(rest, nan=float("-inf")).amax(-1)
-        known = (counts[..., 0] > 0) & (m11 > 0) & torch.isfinite(best_other)
-        nan = torch.full_like(m11, float("nan"))
-        and_data = torch.where(known, (m11 - best_other) / m11, nan)
+        means = cell_means(self.cell_sum, counts)
+        and_data = and_from_cells(means)
+        nan = torch.full_like(and_data, float("nan"))
         share = torch.where(self.act_sum != 0, self.contribution / self.act_sum, nan)
         coactivation = torch.where(self.n_active > 0, self.cell_active[..., 0] / self.n_active.clamp_min(1), nan)
-        usable = ((self.cell_active[..., 0] >= min_cell) & (counts[..., 0] >= min_cell) & (counts[..., 1] >= min_cell)
-                  & (counts[..., 2] >= min_cell) & torch.isfinite(and_data))
-        score = torch.where(usable, share * and_data.clamp(0, 1), nan)
+        score = gate_score(share, and_data, self.cell_active[..., 0], counts, min_cell)
         return {"and_data": and_data, "contribution_share": share, "coactivation": coactivation, "gate_score": score,
                 "cell_mean": means, "cell_active_share": torch.where(counts > 0, self.cell_active / counts.clamp_min(1),
                                                                      torch.full_like(counts, float("nan")))}

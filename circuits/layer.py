@@ -270,7 +270,7 @@ def _gate_pass(mlp, basis, directions, weight_pairs, first, cfg, layer, progress
     for z, scale, acts in tqdm(first["sparse"], desc=f"layer {layer} gates", disable=not progress):
         stats.update(z.to_dense(), scale, acts.to_dense())
     return {"candidates": candidates, "cross": cross, "self_a": self_a, "self_b": self_b,
-            "stats": stats.result(cfg.truth_quantile)}
+            "stats": stats.result(cfg.truth_quantile, cfg.min_active)}
 
 
 # ------------------------------------------------------------------ frames
@@ -296,7 +296,7 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
         frame = pd.DataFrame({"out_feature": _np(out), "in_a": _np(a), "in_b": _np(b),
                               "cross": _np(cross), "self_a": _np(self_a), "self_b": _np(self_b)})
         for column in ("n_active", "coactivation", "coactivation_lift", "mean_contribution", "contribution_share",
-                       "and_data", "n_both", "n_a_only", "n_b_only"):
+                       "and_data", "gate_score", "n_both", "n_a_only", "n_b_only"):
             frame[column] = np.nan
     else:
         c, stats = data["candidates"], data["stats"]
@@ -307,7 +307,7 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
             "out_feature": _np(out[sel]), "in_a": _np(c.in_a[sel]), "in_b": _np(c.in_b[sel]),
             "cross": _np(data["cross"][sel]), "self_a": _np(data["self_a"][sel]), "self_b": _np(data["self_b"][sel]),
             **{k: _np(stats[k][sel]) for k in ("n_active", "coactivation", "coactivation_lift", "mean_contribution",
-                                                 "contribution_share", "and_data")},
+                                                 "contribution_share", "and_data", "gate_score")},
             **{name: _np(stats["cell_tokens"][..., cell][sel]) for cell, name in enumerate(("n_both", "n_a_only", "n_b_only"))},
         })
     frame["and_score"] = frame["cross"] - frame["self_a"].abs() - frame["self_b"].abs()
@@ -315,13 +315,6 @@ def _gates_frame(weight_pairs, data, cfg: CircuitConfig, layer: int, mlp, basis,
     frame["input_cosine"] = _np((unit_inputs[:, a] * unit_inputs[:, b]).sum(0))
     frame["layer"] = layer
     frame["weight_rank"] = frame.groupby("out_feature")["and_score"].rank(ascending=False, method="first").astype("int64")
-    both_active = (frame["coactivation"] * frame["n_active"]).round()  # a count: 15/22*22 is 14.999...
-    # a pair is a gate candidate on data only where its inputs were seen together and apart:
-    # two features of one token always fire together, and no data can say f needs both
-    usable = ((frame["n_active"] >= cfg.min_active) & (both_active >= cfg.min_active)
-              & (frame["n_a_only"] >= cfg.min_active) & (frame["n_b_only"] >= cfg.min_active)
-              & frame["and_data"].notna())
-    frame["gate_score"] = (frame["contribution_share"] * frame["and_data"].clip(0, 1)).where(usable)
     frame["data_rank"] = frame["gate_score"].groupby(frame["out_feature"]).rank(
         ascending=False, method="first").astype("Int64")
     best = frame[frame["data_rank"] == 1]

@@ -54,6 +54,7 @@ class Table:
     sort: tuple[str, ...]  # the order rows are written in
     categories: tuple[str, ...] = ()  # string columns of a few values (the explorer writes them as codes)
     circuit: bool = True  # has the columns of CIRCUIT_KEYS
+    outputs: str = "any"  # circuits stage: the output sets it is written for (`sae`: it measures their activity)
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -129,7 +130,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
             "rank by gate_score within the output, and of the output's best pair within the layer (null otherwise)"),
     )),
     Table("gate_truth", "circuits", "one cell of a candidate's truth table", keys=(*_ORDER, "in_a", "in_b", "cell"),
-          sort=(*_ORDER, "in_a", "in_b"), categories=("cell",), columns=(  # cells in their own order
+          sort=(*_ORDER, "in_a", "in_b"), categories=("cell",), outputs="sae", columns=(  # cells in their own order
         col("in_a, in_b, layer_rank", INT, "the candidate (each output's `--n-truth` best data-ranked pairs) and its "
             "layer_rank (null but for each output's best pair)"),
         _CELLS,
@@ -151,13 +152,13 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("cosine", FLOAT, "with the input's normalised MLP-input direction (the eigenvector's sign makes the first positive)"),
     )),
     Table("lowrank", "circuits", "an output feature's correlation at one rank", keys=(*_ORDER, "n_eigs"),
-          sort=(*_ORDER, "n_eigs"), columns=(
+          sort=(*_ORDER, "n_eigs"), outputs="sae", columns=(
         col("n_eigs", INT, "r, eigenpairs used"),
         col("n_active", INT, "tokens where the feature is active"),
         col("corr_active", FLOAT, "Pearson over active tokens (NaN if too few)"),
     )),
     Table("lowrank_samples", "circuits", "one sampled active token of an output feature, at one rank",
-          keys=(*_ORDER, "sample", "n_eigs"), sort=(*_ORDER, "n_eigs", "sample"), columns=(
+          keys=(*_ORDER, "sample", "n_eigs"), sort=(*_ORDER, "n_eigs", "sample"), outputs="sae", columns=(
         col("sample, n_eigs", INT, "one of `--n-samples` active tokens per feature (a seeded random sample), and r"),
         col("activation, approx", FLOAT,
             "the feature's activation there; the sum of its r largest eigen-terms `lambda (v . x)^2`"),
@@ -165,7 +166,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
             "`approx + offset` reaches the activation at full rank"),
     )),
     Table("hosvd", "circuits", "an HOSVD component", circuit=False, keys=("layer", "input_site", "component"),
-          sort=("layer", "input_site", "component"), columns=(
+          sort=("layer", "input_site", "component"), outputs="hosvd", columns=(
         col("layer", INT, "the layer"),
         col("outputs, input_site", STR, "`hosvd`, and the input site"),
         col("component", INT, "`--outputs hosvd`: the out_feature of the other tables"),

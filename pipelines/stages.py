@@ -298,10 +298,6 @@ def _write_metrics_table(run: RunPaths, layer: int) -> None:
 # ------------------------------------------------------------------ circuit tables
 
 
-WEIGHT_TABLES = ("interactions", "gates", "eigen", "eigen_inputs")  # for any output directions
-ACTIVE_TABLES = ("lowrank", "lowrank_samples", "gate_truth")  # only for outputs that are SAE features
-
-
 def ensure_circuits(work: StageInputs, *, job: CircuitsJob, layers: list[int], runtime: Runtime) -> list[str]:
     """Circuit tables of each layer and output set not yet current; returns those computed."""
     explicit = job.explicit(layers) or {}
@@ -325,7 +321,7 @@ def _circuits_stamp(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: 
 
 def _circuits_current(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: str) -> bool:
     part = _part_name(saes.input_site, spec, job.output_basis)
-    names = WEIGHT_TABLES + (ACTIVE_TABLES if spec == "sae" else ()) + (("hosvd",) if spec == "hosvd" else ())
+    names = [t.name for t in schemas.TABLES.values() if t.stage == "circuits" and t.outputs in ("any", spec)]
     return (stamps.is_current(work.run.stamp("circuits", saes.layer, part), _circuits_stamp(work, job, saes, spec))
             and all(has_table(work.run.tables, n, saes.layer, part) for n in names))
 

@@ -18,6 +18,7 @@ from circuits.sae_basis import input_basis
 from circuits.weights import MLPWeights, SAEWeights
 from pipelines.analysis.verdicts import (LABEL_JOIN, InputFacts, VerdictConfig, label_candidates, rank_groups,
                                          reading_sets, split_pairs)
+from pipelines.schemas import TABLES
 
 
 def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, input_site: str, layer: int,
@@ -63,7 +64,7 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
                                   label_a=labelled["label_a"], label_b=labelled["label_b"], split_share=np.nan,
                                   split_pair=False))
     if not frames:
-        return pd.DataFrame(columns=_GATE_COLUMNS), pd.DataFrame(columns=_TRUTH_COLUMNS)
+        return TABLES["group_gates"].empty(), TABLES["group_truth"].empty()
     gates = pd.concat(frames, ignore_index=True)
     gates = _with_group_ids(gates)
     gates["circuit_rank"] = rank_groups(gates)
@@ -72,12 +73,6 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
                        pd.DataFrame(truth["cells"].tolist(), columns=["cell", "n_tokens", "mean_activation",
                                                                       "active_share"])], axis=1)
     return gates.drop(columns="cells").assign(layer=layer), truth.assign(layer=layer)
-
-
-_GATE_COLUMNS = ["layer", "out_feature", "group_a", "group_b", "source", "eigen_rank", "label_a", "label_b",
-                 "members_a", "members_b", "n_active", "coactivation", "contribution_share", "and_data", "n_both",
-                 "n_a_only", "n_b_only", "gate_score", "split_share", "split_pair", "circuit_rank"]
-_TRUTH_COLUMNS = ["layer", "out_feature", "group_a", "group_b", "cell", "n_tokens", "mean_activation", "active_share"]
 
 
 def _disjoint(a: list[int], b: list[int]) -> tuple[list[int], list[int]]:

@@ -23,30 +23,31 @@ from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
 from pipelines.inputs import LayerSAEs
 
-TABLES = ("sae_metrics", "lowrank", "lowrank_samples", "eigen", "eigen_inputs", "gates", "gate_truth",
-          "gate_ablation", "group_gates", "group_truth", "group_ablation", "gate_verdicts", "interactions", "features",
-          "feature_labels")
 SCATTER_RANKS = (1, 2)  # ranks of lowrank_samples a scatter shows, with the largest stored
 
 
 @dataclass
 class ReportData:
-    """The run's tables (None where missing) for the chosen layers and input site."""
+    """The run's tables (None where missing) for the chosen layers and input site, each read
+    on first use."""
 
     run: RunPaths
     layers: list[int]
-    tables: dict[str, pd.DataFrame | None]
+    input_site: str
     lm_summary: dict | None
     model_config: dict | None
     notes: list[str] = field(default_factory=list)
+    _tables: dict[str, pd.DataFrame | None] = field(default_factory=dict, repr=False)
 
     def table(self, name: str) -> pd.DataFrame | None:
-        return self.tables.get(name)
+        if name not in self._tables:
+            self._tables[name] = schemas.select(schemas.read(self.run.tables, name, self.layers), self.input_site)
+        return self._tables[name]
 
     @property
     def verdicts(self) -> pd.DataFrame | None:
         """The verdicts stage's table (`gate_verdicts`): what the report says of every candidate."""
-        return self.tables.get("gate_verdicts")
+        return self.table("gate_verdicts")
 
     @property
     def has_ground_truth(self) -> bool:
@@ -56,8 +57,7 @@ class ReportData:
 
 
 def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_dir) -> ReportData:
-    tables = {name: schemas.select(schemas.read(run.tables, name, layers), input_site) for name in TABLES}
-    return ReportData(run, layers, tables, read_json(model_dir / "summary.json"), read_json(model_dir / "config.json"))
+    return ReportData(run, layers, input_site, read_json(model_dir / "summary.json"), read_json(model_dir / "config.json"))
 
 
 def scatter_samples(samples: pd.DataFrame | None, layer: int, feature: int) -> pd.DataFrame:
