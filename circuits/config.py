@@ -93,10 +93,6 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
-def field_doc(cls: type, name: str) -> str:
-    return next(f.metadata.get("doc", "") for f in dataclasses.fields(cls) if f.name == name)
-
-
 def _jsonable(value):
     if isinstance(value, Config):
         return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}

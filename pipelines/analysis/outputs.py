@@ -24,9 +24,11 @@ from circuits.layer import CircuitConfig, Outputs, hosvd_outputs
 from circuits.sae_basis import output_directions
 from circuits.weights import MLPWeights
 from pipelines.data.tokenizer import WORD_START
+from pipelines.inputs import LayerSAEs, ModelInputs
 
 
-def parse_outputs(specs: list[str], basis: str, inputs, mlp: MLPWeights, saes, cfg: CircuitConfig) -> list[Outputs]:
+def parse_outputs(specs: list[str], basis: str, inputs: ModelInputs, mlp: MLPWeights, saes: LayerSAEs,
+                  cfg: CircuitConfig) -> list[Outputs]:
     """The `Outputs` of each spec (see the module docstring)."""
     out = []
     for spec in specs:

@@ -26,7 +26,7 @@ import itertools
 import json
 import lzma
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -62,16 +62,6 @@ class Documents:
     classes: list[str | None] | None = None
     spans: list[list[tuple[int, int, str]]] | None = None
     skipped: int = 0  # null or blank texts left out of this batch
-
-
-@dataclass
-class CorpusInfo:
-    """What a corpus is, for reports and stamps."""
-
-    name: str
-    digest: str
-    skipped: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def corpus_digest(source: str) -> str:

@@ -36,7 +36,6 @@ class ReportData:
     input_site: str
     lm_summary: dict | None
     model_config: dict | None
-    notes: list[str] = field(default_factory=list)
     _tables: dict[str, pd.DataFrame | None] = field(default_factory=dict, repr=False)
 
     def table(self, name: str) -> pd.DataFrame | None:
