@@ -114,6 +114,7 @@ def analyse_layer(
     outputs: Outputs,
     batches: Callable[[], Iterable[LayerBatch]] | None,
     cfg: CircuitConfig,
+    *,
     layer: int,
     input_site: str = "resid_mid",
     timings: dict[str, float] | None = None,

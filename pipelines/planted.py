@@ -248,11 +248,12 @@ def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
     model, saes, rows = world.model, world.saes, world.rows
     sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
     tables = analyse_layer(from_hooked_transformer(model, 0), sae_in, Outputs("sae", sae_out.W_enc.T, sae=sae_out),
-                           layer_batches(model, rows, len(rows), saes), circuits, 0)
+                           layer_batches(model, rows, len(rows), saes), circuits, layer=0)
     described, labels = feature_tables(model, world.tokenizer, rows, {(0, "resid_mid"): sae_in, (0, "mlp_out"): sae_out},
                                        features, world.classes, {}, None)
     facts = InputFacts.of(described, labels, 0, "resid_mid", verdicts)
-    judged = judge_layer(model, saes, rows, {name: tables[name] for name in CIRCUIT_READS}, facts, False, {}, verdicts)
+    judged = judge_layer(model, saes, rows, {name: tables[name] for name in CIRCUIT_READS}, facts=facts,
+                         negation=False, boosted={}, cfg=verdicts)
     return {**tables, **judged, "features": described}
 
 

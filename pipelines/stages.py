@@ -342,8 +342,8 @@ def _circuits_layer(work: StageInputs, unit: tuple[CircuitsJob, int, list[str], 
         stamps.begin(marker)
         out = parse_outputs([spec], job.output_basis, work.lm, mlp, saes, job.circuits)[0]
         batches = layer_batches(model, work.store.held_out, job.corr_rows, saes) if out.sae is not None else None
-        tables = analyse_layer(mlp, saes.sae_in.weights, out, batches, job.circuits, layer, saes.input_site,
-                               progress=True, workers=threads)
+        tables = analyse_layer(mlp, saes.sae_in.weights, out, batches, job.circuits, layer=layer,
+                               input_site=saes.input_site, progress=True, workers=threads)
         for name, frame in tables.items():
             schemas.write(frame, work.run.tables, name, layer, part=part, provenance=stamp.to_json())
         stamps.finish(marker, stamp)
@@ -483,8 +483,8 @@ def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
     model = work.lm.model
     boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
     facts = InputFacts.of(features, labels, layer, saes.input_site, job.verdicts)
-    frames = judge_layer(model, saes, work.store.held_out, circuits, facts, has_negation_labels(labels),
-                         boosted, job.verdicts)
+    frames = judge_layer(model, saes, work.store.held_out, circuits, facts=facts,
+                         negation=has_negation_labels(labels), boosted=boosted, cfg=job.verdicts)
     for name, frame in frames.items():
         schemas.write(frame, run.tables, name, layer, part=part, provenance=stamp.to_json())
     stamps.finish(marker, stamp)

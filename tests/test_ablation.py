@@ -60,7 +60,8 @@ def test_predicted_change_equals_measured_when_the_reconstruction_is_exact(model
     targets = [Target(0, (0,), (1,), (("out_feature", 0), ("in_a", 0), ("in_b", 1))),
                Target(3, (2,), (40,), (("out_feature", 3), ("in_a", 2), ("in_b", 40))),
                Target(7, (5, 6, 9), (38, 50), (("out_feature", 7), ("group_a", 0), ("group_b", 1)))]
-    table = ablations(model, layer, saes, mlp, out_sae.W_enc.T, targets, {}, rows(), 16, max_tokens=100, seed=0)
+    table = ablations(model, layer, saes, mlp, out_sae.W_enc.T, targets, boosted={}, rows=rows(), n_rows=16,
+                      max_tokens=100, seed=0)
     assert len(table) == 9 and (table["n_tokens"] > 20).all() and (table["n_tokens"] <= 100).all()
     measured = table["pre_after"] - table["pre_before"]
     np.testing.assert_allclose(table["pre_change_predicted"], measured, rtol=1e-3, atol=1e-4)
@@ -76,7 +77,8 @@ def test_ablation_tokens_are_a_seeded_sample_of_the_eligible_ones(model):
     layer = 1
     saes, out_sae, mlp = layer_saes(model, "resid_mid", seed=1)
     target = [Target(0, (0,), (1,), (("out_feature", 0), ("in_a", 0), ("in_b", 1)))]
-    run = lambda seed, n: ablations(model, layer, saes, mlp, out_sae.W_enc.T, target, {}, rows(), 16, n, seed)  # noqa: E731
+    run = lambda seed, n: ablations(model, layer, saes, mlp, out_sae.W_enc.T, target, boosted={}, rows=rows(), n_rows=16,  # noqa: E731
+                                    max_tokens=n, seed=seed)
     everything = run(0, 10_000)
     few, same, other = run(0, 30), run(0, 30), run(1, 30)
     assert (few["n_tokens"] == 30).all() and everything["n_tokens"].iloc[0] > 30

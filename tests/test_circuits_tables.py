@@ -58,8 +58,8 @@ def written(tmp_path_factory):
     per_layer = {}
     for layer in (0, 2):
         mlp, sae_in, sae_out, batches = layer_inputs(layer)
-        sae_tables = analyse_layer(mlp, sae_in, Outputs("sae", sae_out.W_enc.T, sae=sae_out), batches, CFG, layer)
-        hosvd_tables = analyse_layer(mlp, sae_in, hosvd_outputs(mlp, CFG.n_hosvd), batches, CFG, layer)
+        sae_tables = analyse_layer(mlp, sae_in, Outputs("sae", sae_out.W_enc.T, sae=sae_out), batches, CFG, layer=layer)
+        hosvd_tables = analyse_layer(mlp, sae_in, hosvd_outputs(mlp, CFG.n_hosvd), batches, CFG, layer=layer)
         per_layer[layer] = {"resid_mid-sae": sae_tables, "resid_mid-hosvd": hosvd_tables}
         for part, tables in per_layer[layer].items():
             for name, frame in tables.items():
@@ -200,7 +200,8 @@ def test_results_do_not_depend_on_chunk_size_or_workers():
     mlp, sae_in, sae_out, batches = layer_inputs(3)
     outputs = Outputs("sae", sae_out.W_enc.T, sae=sae_out)
     settings = [(64, 64, 1), (1, 1, 2), (4, 3, 3)]
-    frames = [analyse_layer(mlp, sae_in, outputs, batches, CFG.replace(chunk_size=c, block_size=b, dtype="float64"), 0,
+    frames = [analyse_layer(mlp, sae_in, outputs, batches, CFG.replace(chunk_size=c, block_size=b, dtype="float64"),
+                            layer=0,
                             workers=w) for c, b, w in settings]
     for other in frames[1:]:
         assert set(other) == set(frames[0])
@@ -211,9 +212,9 @@ def test_results_do_not_depend_on_chunk_size_or_workers():
 def test_analyse_layer_refuses_bad_inputs():
     mlp, sae_in, sae_out, batches = layer_inputs(4)
     with pytest.raises(ValueError, match="input site"):
-        analyse_layer(mlp, sae_in, Outputs("sae", sae_out.W_enc.T, sae=sae_out), batches, CFG, 0, input_site="mlp_out")
+        analyse_layer(mlp, sae_in, Outputs("sae", sae_out.W_enc.T, sae=sae_out), batches, CFG, layer=0, input_site="mlp_out")
     with pytest.raises(ValueError, match="output directions"):
-        analyse_layer(mlp, sae_in, Outputs("file:x", torch.zeros(3, D + 1)), None, CFG, 0)
+        analyse_layer(mlp, sae_in, Outputs("file:x", torch.zeros(3, D + 1)), None, CFG, layer=0)
 
 
 def test_config_round_trips_through_json():

@@ -53,7 +53,7 @@ class Target:
 
 
 @torch.no_grad()
-def ablations(model, layer: int, saes: LayerSAEs, mlp: MLPWeights, directions: torch.Tensor, targets: list[Target],
+def ablations(model, layer: int, saes: LayerSAEs, mlp: MLPWeights, directions: torch.Tensor, targets: list[Target], *,
               boosted: dict[int, list[int]], rows: TokenRows, n_rows: int, max_tokens: int, seed: int,
               batch_rows: int = 32) -> pd.DataFrame:
     """One row per (target, ablation) on at most `max_tokens` tokens of the first `n_rows`

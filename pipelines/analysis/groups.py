@@ -21,7 +21,7 @@ from pipelines.analysis.verdicts import (LABEL_JOIN, InputFacts, VerdictConfig, 
 from pipelines.schemas import TABLES
 
 
-def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, input_site: str, layer: int,
+def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, *, input_site: str, layer: int,
                  eigen: pd.DataFrame, eigen_inputs: pd.DataFrame, interactions: pd.DataFrame | None,
                  facts: InputFacts, batches: Callable[[], Iterable[LayerBatch]], cfg: VerdictConfig
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:

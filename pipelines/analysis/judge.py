@@ -18,7 +18,7 @@ from pipelines.schemas import TABLES
 CIRCUIT_READS = ("gates", "eigen", "eigen_inputs", "interactions")  # the circuits stage's tables it reads
 
 
-def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.DataFrame], facts: InputFacts,
+def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.DataFrame], *, facts: InputFacts,
                 negation: bool, boosted: dict[int, list[int]], cfg: VerdictConfig) -> dict[str, pd.DataFrame]:
     """The `gate_ablation`, `group_gates`, `group_truth`, `group_ablation` and `gate_verdicts`
     rows of one layer, from its circuit tables (`CIRCUIT_READS`, output SAE features, this
@@ -31,8 +31,9 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     directions = outputs.W_enc.T
     pairs = rank_pairs(circuits["gates"], facts, cfg)
     group_gates, group_truth = group_tables(
-        mlp, saes.sae_in.weights, directions, saes.input_site, layer, circuits["eigen"], circuits["eigen_inputs"],
-        circuits["interactions"], facts, layer_batches(model, rows, cfg.rows, saes), cfg)
+        mlp, saes.sae_in.weights, directions, input_site=saes.input_site, layer=layer, eigen=circuits["eigen"],
+        eigen_inputs=circuits["eigen_inputs"], interactions=circuits["interactions"], facts=facts,
+        batches=layer_batches(model, rows, cfg.rows, saes), cfg=cfg)
     keys = {"layer": layer, "outputs": "sae", "input_site": saes.input_site}
     pairs, group_gates, group_truth = (f.assign(**keys) for f in (pairs, group_gates, group_truth))
     first = verdict_rows(pairs, group_gates, None, None, facts, cfg)
@@ -43,8 +44,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         targets = [Target(int(r["out_feature"]), tuple(r["members_a"]), tuple(r["members_b"]),
                           (("out_feature", int(r["out_feature"])), *((k, int(r[k])) for k in key)))
                    for r in chosen.to_dict("records")]
-        frame = ablations(model, layer, saes, mlp, directions, targets, boosted, rows, cfg.ablate_rows,
-                          cfg.ablate_tokens, cfg.seed)
+        frame = ablations(model, layer, saes, mlp, directions, targets, boosted=boosted, rows=rows,
+                          n_rows=cfg.ablate_rows, max_tokens=cfg.ablate_tokens, seed=cfg.seed)
         ablated[table] = frame.assign(**keys) if len(frame) else TABLES[table].empty()
     verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg)
     if not negation and len(verdicts):
