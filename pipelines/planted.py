@@ -135,7 +135,7 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
             gate_gate.append(D[g.side_b[0]]), gate_in.append(D[g.side_b[0]])
             units.append(g.output)
     model = build_model(ModelConfig(n_layers=1, d_model=d, n_heads=2, d_mlp=len(units), n_ctx=cfg.n_ctx,
-                                    d_vocab=cfg.vocab, seed=cfg.seed)).eval()
+                                    d_vocab=cfg.vocab, seed=cfg.seed), seed=cfg.seed).eval()
     with torch.no_grad():
         state = model.state_dict()
         state["embed.W_E"] = embed.float()

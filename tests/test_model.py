@@ -20,6 +20,17 @@ def model():
     return m
 
 
+def test_loading_a_model_leaves_the_global_generators_alone(model, tmp_path):
+    # TransformerLens reseeds torch, numpy and random from its config's seed: only a model
+    # being initialised for training should do that, not every load of a trained one
+    save_model(model, PRESETS["tiny"], tmp_path)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_model(tmp_path)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_mlp_is_exactly_bilinear(model):
     tokens = torch.randint(0, PRESETS["tiny"].d_vocab, (3, 16))
     _, cache = model.run_with_cache(tokens)

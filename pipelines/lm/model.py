@@ -44,7 +44,7 @@ class ModelConfig(Config):
     n_ctx: int = option(128, "longest context the model is built for", low=2)
     d_vocab: int = option(4096, "vocabulary size, taken from the tokenizer when training", low=2)
     eps: float = option(1e-5, "added to mean(x^2) inside every RMS norm", low=0.0)
-    seed: int = option(0, "seed of the weight initialisation")
+    seed: int = option(0, "the seed its weights were initialised with (train-lm's --seed, recorded here)")
 
     @property
     def d_head(self) -> int:
@@ -63,7 +63,7 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
+def hooked_config(cfg: ModelConfig, seed: int | None = None) -> HookedTransformerConfig:
     """The TransformerLens config of a bilinear LM of shape `cfg`."""
     return HookedTransformerConfig(
         n_layers=cfg.n_layers,
@@ -80,19 +80,26 @@ def hooked_config(cfg: ModelConfig) -> HookedTransformerConfig:
         positional_embedding_type="rotary",
         rotary_dim=cfg.d_head,
         rotary_base=10000,
-        seed=cfg.seed,
+        seed=seed,  # TransformerLens seeds torch, numpy and random globally from it
         default_prepend_bos=False,
         model_name="bilinear-lm",
     )
 
 
-def build_model(cfg: ModelConfig, device: str = "cpu") -> HookedTransformer:
-    """A freshly initialised bilinear LM on `device`."""
+def build_model(cfg: ModelConfig, device: str = "cpu", seed: int | None = None) -> HookedTransformer:
+    """A freshly initialised bilinear LM on `device`. `seed` seeds the initialisation (and
+    torch's, numpy's and random's global generators, as TransformerLens does); None draws it
+    from torch's generator and then puts that generator back as it was (for weights that
+    are loaded next, or set by hand)."""
     # HookedTransformer warns that it goes away in TransformerLens 4; we pin 3.9 because
     # sae-lens 6.54 needs it, so the warning says nothing the user can act on.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="HookedTransformer is deprecated")
-        model = HookedTransformer(hooked_config(cfg), move_to_device=False)
+        if seed is None:
+            with torch.random.fork_rng(devices=[]):
+                model = HookedTransformer(hooked_config(cfg), move_to_device=False)
+        else:
+            model = HookedTransformer(hooked_config(cfg, seed), move_to_device=False)
     return model.to(device, print_details=False) if device != "cpu" else model
 
 

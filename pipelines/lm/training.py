@@ -113,8 +113,7 @@ def train_lm(
         raise ValueError(f"rows have {train.n_ctx} tokens but the model's n_ctx is {model_cfg.n_ctx}")
     n_steps = cfg.n_steps(train.n_ctx)
     model_cfg = model_cfg.replace(seed=cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = build_model(model_cfg, device)
+    model = build_model(model_cfg, device, seed=cfg.seed)
     optimiser = _optimiser(model, cfg)
     log: list[dict] = []
     step = 0
