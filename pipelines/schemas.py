@@ -210,7 +210,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         *_GROUPS,
         col("source", STR, "`eigen` (the best split of what one eigenvector reads) or `labels` (two label classes)"),
         col("eigen_rank", INT, "`eigen`: the eigenvector (null for `labels`)"),
-        col("label_a, label_b", STR, "the groups' label class (`eigen`: the label of most members, else null)"),
+        col("label_a, label_b", STR, "the groups' label class, several joined by ` | ` when they hold the same "
+            "inputs (`eigen`: the label of most members, else null)"),
         col("members_a, members_b", INTS, "the input features of each group"),
         col("n_active", INT, "held-out tokens where the output is active"),
         col("coactivation", FLOAT, "share of those where both groups are on (a group is on where any member is active)"),
@@ -275,8 +276,9 @@ def write(frame: pd.DataFrame, root: str | Path, name: str, layer: int | None = 
     table = TABLES[name]
     if layer is not None:
         frame = frame.assign(layer=int(layer))
-    keys = [k for k in table.keys if k in frame.columns]
-    repeated = frame[frame.duplicated(subset=keys, keep=False)] if keys and len(frame) else frame.iloc[:0]
+    keys = list(table.keys)
+    complete = set(keys) <= set(frame.columns)  # else write_table names the missing columns
+    repeated = frame[frame.duplicated(subset=keys, keep=False)] if complete and len(frame) else frame.iloc[:0]
     if len(repeated):
         raise ValueError(f"table {name}: {len(repeated)} rows share their keys {keys} with another row, e.g. "
                          f"{repeated[keys].iloc[0].to_dict()}")

@@ -68,6 +68,16 @@ def written(tmp_path_factory):
     return root, per_layer
 
 
+def test_the_registry_names_the_tables_each_output_set_gets(written):
+    _, per_layer = written
+    registry = lambda spec: {t.name for t in TABLES.values()  # noqa: E731
+                             if t.stage == "circuits" and t.outputs in ("any", spec)}
+    for parts in per_layer.values():
+        assert set(parts["resid_mid-sae"]) == registry("sae")
+        assert set(parts["resid_mid-hosvd"]) == registry("hosvd")
+    assert registry("file:dirs.npy") == WEIGHT_TABLES
+
+
 def test_frames_match_the_schemas_exactly(written):
     _, per_layer = written
     for layer, parts in per_layer.items():

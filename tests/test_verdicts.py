@@ -144,6 +144,19 @@ def test_label_groups_are_the_inputs_mainly_in_a_class_channel_by_channel():
     assert classes == {"context=negative": [6], "context=positive": [1, 5], "negation": [1, 2]}
 
 
+def test_label_classes_with_the_same_inputs_are_one_group():
+    labels = feature_labels({
+        (1, "lexicon", "negative"): (0.9, 3.0), (1, "sentiment", "negative"): (0.9, 3.0),
+        (2, "lexicon", "negative"): (0.8, 2.0), (2, "sentiment", "negative"): (0.7, 2.0),
+        (3, "lexicon", "positive"): (0.9, 3.0),
+    })
+    features = pd.DataFrame({"layer": 0, "site": "resid_mid", "feature": [1], "top_token": ["bad"],
+                             "top_tokens": [["bad"]], "label": [None], "description": [""], "boost_label": None,
+                             "boost_sd": np.nan})
+    classes = InputFacts.of(features, labels, 0, "resid_mid", CFG).classes
+    assert classes == {"lexicon=negative | sentiment=negative": [1, 2], "lexicon=positive": [3]}
+
+
 def test_label_groups_are_joined_by_what_an_output_reads():
     groups = {"context=negative": [6], "context=positive": [1, 5], "negation": [1, 2]}
     sets = pd.DataFrame({"out_feature": [3], "eigen_rank": [1], "members": [[2, 5, 9]]})
@@ -192,3 +205,16 @@ def test_label_classes_with_the_same_members_make_one_gate():
     assert rows == [[3, "context=positive", "lexicon=negative | sentiment=negative", [1, 2], [9]],
                     [3, "lexicon=negative | sentiment=negative", "negation", [9], [5]],
                     [4, "context=positive", "sentiment=negative", [1, 2], [9]]]
+
+
+def test_a_gate_found_twice_is_kept_once():
+    from pipelines.analysis.groups import _one_row_per_pair_of_groups
+
+    # output 3: a label gate and the same groups as an eigenvector's split (sides swapped), and
+    # two eigenvectors split into the same groups; output 4's gate between the same groups stays
+    gates = pd.DataFrame({"out_feature": [3, 3, 3, 3, 4], "group_a": [0, 1, 2, 2, 0], "group_b": [1, 0, 5, 5, 1],
+                          "source": ["labels", "eigen", "eigen", "eigen", "eigen"],
+                          "eigen_rank": [pd.NA, 1, 3, 2, 1]})
+    kept = _one_row_per_pair_of_groups(gates)
+    assert kept[["out_feature", "group_a", "group_b", "source", "eigen_rank"]].values.tolist() == [
+        [3, 0, 1, "labels", pd.NA], [3, 2, 5, "eigen", 2], [4, 0, 1, "eigen", 1]]

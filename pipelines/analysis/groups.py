@@ -39,6 +39,7 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
     if len(labelled):
         sides = [_disjoint(groups[a], groups[b]) for a, b in zip(labelled["label_a"], labelled["label_b"])]
         labelled = _one_row_per_gate(labelled.assign(members_a=[a for a, _ in sides], members_b=[b for _, b in sides]))
+        labelled = labelled[(labelled["members_a"].map(len) > 0) & (labelled["members_b"].map(len) > 0)]
         sides = list(zip(labelled["members_a"], labelled["members_b"]))
         distinct = sorted({tuple(m) for side in sides for m in side})
         membership = torch.zeros(n_in, len(distinct), dtype=torch.bool, device=device)
@@ -66,7 +67,7 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
     if not frames:
         return TABLES["group_gates"].empty(), TABLES["group_truth"].empty()
     gates = pd.concat(frames, ignore_index=True)
-    gates = _with_group_ids(gates)
+    gates = _one_row_per_pair_of_groups(_with_group_ids(gates))
     gates["circuit_rank"] = rank_groups(gates)
     truth = gates.explode("cells")[["out_feature", "group_a", "group_b", "cells"]]
     truth = pd.concat([truth.drop(columns="cells").reset_index(drop=True),
@@ -84,9 +85,9 @@ def _disjoint(a: list[int], b: list[int]) -> tuple[list[int], list[int]]:
 
 
 def _one_row_per_gate(labelled: pd.DataFrame) -> pd.DataFrame:
-    """Label classes with the same members (e.g. a lexicon class and a sentiment class of the
-    same words) give the same gate: keep one row, each side named by all its classes joined
-    with `LABEL_JOIN`."""
+    """Label gates whose groups are the same once `_disjoint` has taken the shared inputs out
+    of the larger class are one gate: keep one row, each side named by every class it came
+    from, joined with `LABEL_JOIN`."""
     merged: dict[tuple, tuple[set[str], set[str]]] = {}
     for out, la, lb, ma, mb in zip(labelled["out_feature"], labelled["label_a"], labelled["label_b"],
                                    labelled["members_a"], labelled["members_b"]):
@@ -99,6 +100,17 @@ def _one_row_per_gate(labelled: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([(out, LABEL_JOIN.join(sorted(na)), LABEL_JOIN.join(sorted(nb)), list(ma), list(mb))
                          for (out, ma, mb), (na, nb) in merged.items()],
                         columns=["out_feature", "label_a", "label_b", "members_a", "members_b"])
+
+
+def _one_row_per_pair_of_groups(gates: pd.DataFrame) -> pd.DataFrame:
+    """One row per output and pair of groups (either order): a label gate over an eigenvector's
+    split into the same groups, or the same split of two eigenvectors, is one gate, kept as
+    the label gate, else as the split of the eigenvector with the lowest rank."""
+    order = gates.assign(_label=gates["source"] != "labels", _rank=pd.to_numeric(gates["eigen_rank"]),
+                         _pair=[tuple(sorted(p)) for p in zip(gates["group_a"], gates["group_b"])])
+    order = order.sort_values(["_label", "_rank"], kind="stable", na_position="first")
+    kept = order.drop_duplicates(["out_feature", "_pair"]).sort_index()
+    return kept.drop(columns=["_label", "_rank", "_pair"]).reset_index(drop=True)
 
 
 def _no_sets() -> pd.DataFrame:

@@ -159,7 +159,11 @@ def _classes(labels: pd.DataFrame | None, layer: int, input_site: str, cfg: Verd
     found: dict[str, list[int]] = {}
     for channel, cls, feature in sorted(zip(mine["channel"], mine["class"], mine["feature"])):
         found.setdefault(cls if cls == channel else f"{channel}={cls}", []).append(int(feature))
-    return dict(sorted(found.items()))
+    # classes of the same inputs (a lexicon class and a sentiment class of the same words) are one group
+    names: dict[tuple[int, ...], list[str]] = {}
+    for name, members in found.items():
+        names.setdefault(tuple(members), []).append(name)
+    return dict(sorted((LABEL_JOIN.join(sorted(n)), list(m)) for m, n in names.items()))
 
 
 def has_negation_labels(labels: pd.DataFrame | None) -> bool:
