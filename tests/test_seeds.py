@@ -25,7 +25,8 @@ TABLES = ["sae_metrics", "interactions", "gates", "gate_truth", "eigen", "eigen_
 
 
 def stage(run: Path, name: str, seed: int, *extra: str) -> None:
-    assert main([name, "--out", str(run), "--threads", "1", "--seed", str(seed), *STAGES[name], *extra]) == 0, name
+    threads = [] if name == "corpus" else ["--threads", "1"]  # the corpus generator runs no torch
+    assert main([name, "--out", str(run), *threads, "--seed", str(seed), *STAGES[name], *extra]) == 0, name
 
 
 def files(run: Path) -> dict[str, bytes]:
