@@ -6,9 +6,8 @@ and verdicts code paths."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from circuits.layer import CircuitConfig
+from circuits.layer import CircuitConfig, intra_op_threads
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.planted import PlantedConfig, analyse, build_world, score
@@ -19,15 +18,11 @@ ROWS = 256
 @pytest.fixture(scope="module")
 def found():
     # one thread while building and analysing, then the session's own setting back for the modules after this one
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intra_op_threads(1):
         world = build_world(PlantedConfig(rows=ROWS))
         tables = analyse(world, CircuitConfig(), FeatureConfig(n_rows=ROWS),
                          VerdictConfig(rows=ROWS, groups=("eigen",), n_ablate=len(world.gates), ablate_rows=ROWS))
         return world, tables, *score(world, tables)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_planted_ands_are_the_best_group_gates(found):

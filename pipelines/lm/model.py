@@ -7,6 +7,7 @@ identity activation is exactly a bilinear MLP, `W_out^T ((W_gate^T x) * (W_in^T 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from dataclasses import dataclass
@@ -95,10 +96,7 @@ def build_model(cfg: ModelConfig, device: str = "cpu", seed: int | None = None) 
     # sae-lens 6.54 needs it, so the warning says nothing the user can act on.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="HookedTransformer is deprecated")
-        if seed is None:
-            with torch.random.fork_rng(devices=[]):
-                model = HookedTransformer(hooked_config(cfg), move_to_device=False)
-        else:
+        with torch.random.fork_rng(devices=[]) if seed is None else contextlib.nullcontext():
             model = HookedTransformer(hooked_config(cfg, seed), move_to_device=False)
     return model.to(device, print_details=False) if device != "cpu" else model
 
