@@ -135,9 +135,10 @@ class _Context:
 
 def _builtin_labels(folder: Path):
     """The built-in corpus ships its lexicon: use it unless the user names another."""
-    from pipelines.data.corpus import LEXICON_FILE, CorpusConfig
+    from pipelines.data.corpus import CorpusConfig
+    from pipelines.engine.paths import LEXICON
 
-    lexicon = folder / LEXICON_FILE
+    lexicon = folder / LEXICON
     return CorpusConfig(lexicon=str(lexicon)) if lexicon.is_file() else CorpusConfig()
 
 
