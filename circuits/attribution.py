@@ -450,8 +450,8 @@ def prune(graph: AttributionGraph, node_threshold: float = 0.8,
     edge and features without an incoming one. Returns (node mask `[N]`, edge mask `[N, N]`,
     cumulative influence share `[N]`: the share of all influence held by nodes at least as
     influential)."""
-    A = graph.adjacency.to(torch.float64)
-    weights = graph.probability.to(torch.float64)
+    A = graph.adjacency
+    weights = graph.probability.to(A.dtype)
     node_inf = influence(A, weights)
     always = (graph.kind == TOKEN) | (graph.kind == LOGIT)
     nodes = (node_inf >= _threshold(node_inf, node_threshold)) | always
@@ -482,8 +482,8 @@ def scores(graph: AttributionGraph) -> tuple[float, float]:
     the tokens'. Completeness: the mean over nodes, weighted by their influence plus their logit
     weight, of the share of each node's normalised incoming weight that comes from non-error nodes.
     """
-    A = graph.adjacency.to(torch.float64)
-    weights = graph.probability.to(torch.float64)
+    A = graph.adjacency
+    weights = graph.probability.to(A.dtype)
     node_inf = influence(A, weights)
     error = (graph.kind == INPUT_ERROR) | (graph.kind == OUTPUT_ERROR)
     tokens = node_inf[graph.kind == TOKEN].sum()
@@ -494,25 +494,24 @@ def scores(graph: AttributionGraph) -> tuple[float, float]:
     return float(replacement), float(completeness)
 
 
-def strongest_path(graph: AttributionGraph, source: int, target: int) -> list[int]:
-    """The path from node `source` to node `target` whose product of normalised edge weights
-    is largest (a max-product path through the acyclic graph), as node ids; empty if none."""
-    A = normalised(graph.adjacency.to(torch.float64))
-    best = torch.zeros(A.shape[0], dtype=torch.float64)
-    best[source] = 1.0
+def strongest_path(graph: AttributionGraph, sources: list[int], target: int) -> tuple[list[int], float]:
+    """The path from any of the nodes `sources` to node `target` whose product of normalised
+    edge weights is largest (max-product over the acyclic graph): its node ids and that
+    product; `([], 0.0)` if no path exists."""
+    A = normalised(graph.adjacency)
+    best = torch.zeros(A.shape[0], dtype=A.dtype)
+    best[sources] = 1.0
     parent = torch.full((A.shape[0],), -1, dtype=torch.long)
     for _ in range(A.shape[0]):  # relax to a fixed point: at most the graph's depth rounds
-        candidate = A * best.unsqueeze(0)  # [target, source]
-        value, arg = candidate.max(1)
+        value, arg = (A * best.unsqueeze(0)).max(1)
         better = value > best
-        better[source] = False
         if not better.any():
             break
         best = torch.where(better, value, best)
         parent = torch.where(better, arg, parent)
     if best[target] == 0:
-        return []
+        return [], 0.0
     path = [target]
-    while path[-1] != source:
+    while parent[path[-1]] >= 0:
         path.append(int(parent[path[-1]]))
-    return path[::-1]
+    return path[::-1], float(best[target])

@@ -225,6 +225,7 @@ def test_pruning_scores_and_paths_on_a_planted_chain():
     inf = torch.tensor([9 / 10.01, 0.01 / 10.01, 9 / 10.01, 1 / 10.01, 0.01 / 10.01, 1.0], dtype=D)
     non_error = torch.tensor([1, 1, 1, 1, 1, 9.01 / 10.01], dtype=D)
     assert completeness == pytest.approx(float((non_error * inf).sum() / inf.sum()), rel=1e-9)
-    assert strongest_path(graph, 0, 5) == [0, 2, 5]
-    assert strongest_path(graph, 1, 5) == [1, 4, 5]
-    assert strongest_path(graph, 3, 0) == []
+    assert strongest_path(graph, [0], 5) == ([0, 2, 5], pytest.approx(9 / 10.01))
+    assert strongest_path(graph, [1], 5) == ([1, 4, 5], pytest.approx(0.01 / 10.01))
+    assert strongest_path(graph, [0, 1], 5)[0] == [0, 2, 5]
+    assert strongest_path(graph, [3], 0) == ([], 0.0)

@@ -42,6 +42,11 @@ class RunPaths:
         return self.root / "report"
 
     @property
+    def graphs(self) -> Path:
+        """Attribution graphs: circuit-tracer's JSON per prompt and graph-metadata.json."""
+        return self.root / "graphs"
+
+    @property
     def explorer(self) -> Path:
         return self.root / "explorer"
 
