@@ -318,6 +318,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from circuits.sites import SITES
     from pipelines.data.stories import StoryConfig
     from pipelines.data.tokenizer import TokenizerConfig
     from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, SAEJob, SAEChoice, VerdictsJob
@@ -367,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "says (default), or state it for a config without that field")
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("train-saes", help="train TopK SAEs on resid_mid, mlp_in and/or mlp_out",
+    p = sub.add_parser("train-saes", help="train TopK SAEs on any of the sites " + ", ".join(SITES),
                        description="Train one TopK SAE per chosen layer and site into OUT/saes/layer{l}_{site}/ "
                                    "(sae-lens's format) from one stream of activations, and write "
                                    "OUT/tables/sae_metrics/. Reuses an SAE only for the same model, corpus and "

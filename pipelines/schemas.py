@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from circuits.sites import DEFAULT_INPUT_SITE
 from pipelines.engine.tables import read_table, write_table
 
 INT, FLOAT, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
@@ -322,7 +323,7 @@ def read(root: str | Path, name: str, layers: list[int] | None = None) -> pd.Dat
         return None
 
 
-def select(frame: pd.DataFrame | None, input_site: str | None = "resid_mid", outputs: str | None = "sae"):
+def select(frame: pd.DataFrame | None, input_site: str | None = DEFAULT_INPUT_SITE, outputs: str | None = "sae"):
     """The rows of a circuit table for one input site and output set (a run may hold several;
     None keeps every one). Tables without those columns are returned as they are."""
     if frame is None:

@@ -48,7 +48,7 @@ from pipelines.runtime import Runtime
 from sae.config import SAETrainConfig
 from sae.io import read_metrics, write_sae_extras
 from sae.metrics import evaluate_sae
-from sae.sites import SITES, Point, hook_name, point_name
+from circuits.sites import OUTPUT_SITE, SITES, Point, hook_name, point_name
 from sae.topk import save_sae_lens
 from sae.train import inference_weights, train_saes
 
@@ -460,7 +460,7 @@ def _read_digests(run: RunPaths, saes: LayerSAEs) -> dict[str, str]:
                                     f"encoder rows, for input site {saes.input_site}, in {run.tables}: run `circuits` "
                                     "first (with --outputs sae and --output-basis encoder)")
         found[name] = digest(path)
-    for site in (saes.input_site, "mlp_out"):
+    for site in (saes.input_site, OUTPUT_SITE):
         for name in ("features", "feature_labels"):
             path = table_path(run.tables, name, saes.layer, site)
             found[f"{name}:{site}"] = digest(path) if path.is_file() else "absent"

@@ -26,14 +26,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from circuits.weights import SAEWeights, check_finite, from_sae_lens
-from sae.sites import Point, hook_name, site_of_hook
+from circuits.sites import SITES, Point, hook_name, site_of_hook
 
 SAE_LENS_FILES = ("cfg.json", "sae_weights.safetensors")
 AUTHORS_FILES = ("config.json", "model.safetensors")
 METRICS_FILE = "metrics.json"
 SPARSITY_FILE = "sparsity.safetensors"
-AUTHORS_POINTS = {"resid-mid": "resid_mid", "resid_mid": "resid_mid", "mlp-in": "mlp_in", "mlp_in": "mlp_in",
-                  "mlp-out": "mlp_out", "mlp_out": "mlp_out"}
+AUTHORS_POINTS = {spelling: site for site in SITES for spelling in (site, site.replace("_", "-"))}
 
 
 @dataclass

@@ -17,6 +17,7 @@ import torch
 
 from circuits.bilinear import interaction_matrices
 from circuits.sae_basis import input_basis, project
+from circuits.sites import input_gain
 from circuits.weights import from_hooked_transformer
 from pipelines import schemas
 from pipelines.engine.files import read_json
@@ -76,7 +77,7 @@ def interaction_submatrix(model, layer: int, feature: int, saes: LayerSAEs, inpu
     """`Qt` of one output feature over the given input features (`circuits.sae_basis.project`)."""
     mlp = from_hooked_transformer(model, layer).to(torch.float64)
     w_in = saes.sae_in.weights
-    basis = input_basis(w_in.W_dec.double(), w_in.b_dec.double(), mlp.g if saes.input_site == "resid_mid" else None)
+    basis = input_basis(w_in.W_dec.double(), w_in.b_dec.double(), input_gain(saes.input_site, mlp.g))
     u = saes.sae_out.weights.W_enc.T[feature : feature + 1].double()
     Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, u)[0]
     return project(Q, basis[:, inputs]).numpy()
