@@ -18,6 +18,7 @@ from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokenizer import TokenizerConfig
+from pipelines.graph.build import GraphConfig
 from pipelines.inputs import SAEPaths
 from pipelines.lm.model import ModelConfig
 from pipelines.lm.training import LMTrainConfig
@@ -95,6 +96,13 @@ class VerdictsJob(SAEChoice):
 
     input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs the circuit tables read", choices=INPUT_SITES)
     verdicts: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
+
+
+@dataclass(frozen=True)
+class GraphJob(SAEChoice):
+    """What `graph` builds: attribution graphs from the run's SAEs or those of one --layer."""
+
+    graph: GraphConfig = option(doc="attribution graphs", factory=GraphConfig)
 
 
 def _check_sites(sites: tuple[str, ...], known: tuple[str, ...]) -> None:

@@ -188,6 +188,11 @@ class RunPaths:
         return self.report / INDEX
 
     @property
+    def graphs(self) -> Path:
+        """Attribution graphs: circuit-tracer's JSON per prompt and graph-metadata.json."""
+        return self.root / "graphs"
+
+    @property
     def explorer(self) -> Path:
         return self.root / "explorer"
 
