@@ -40,7 +40,7 @@ import torch
 from tqdm.auto import tqdm
 
 from circuits.bilinear import hosvd, interaction_matrices, output_constant
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.gates import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
 from circuits.sae_basis import input_basis, preactivation_offset
@@ -76,7 +76,7 @@ class CircuitConfig(Config):
     block_size: int = option(256, "input features per side of each block of the projected matrix", low=1, runtime=True)
     token_batch: int = option(8192, "tokens gathered before each statistics update", low=1, runtime=True)
     dtype: str = option("float32", "torch dtype of the tensor math (statistics use float64)", choices=("float32", "float64"))
-    seed: int = option(0, "seeds the sample of active tokens stored per output feature (lowrank_samples)")
+    seed: int = seed_option("seeds the sample of active tokens stored per output feature (lowrank_samples)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
