@@ -44,6 +44,7 @@ import torch
 from circuits.sae_basis import preactivation_offset
 from circuits.bilinear import output_constant
 from circuits.weights import MLPWeights, SAEWeights
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID
 
 KINDS = ("token", "input", "output", "input_error", "output_error", "logit")
 TOKEN, INPUT, OUTPUT, INPUT_ERROR, OUTPUT_ERROR, LOGIT = range(len(KINDS))
@@ -163,7 +164,7 @@ def frozen_forward(m: ModelTensors, f: Frozen) -> dict[str, torch.Tensor]:
         outs.append(out)
         r = r + out
     logits = (r * (m.g_final / f.scale_final.unsqueeze(-1))) @ m.W_U + m.b_U
-    return {"resid_mid": torch.stack(mids), "mlp_in": torch.stack(ins), "mlp_out": torch.stack(outs),
+    return {RESID_MID: torch.stack(mids), MLP_IN: torch.stack(ins), MLP_OUT: torch.stack(outs),
             "resid_final": r, "logits": logits}
 
 
@@ -259,7 +260,7 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
     z_in, z_out = {}, {}
     for layer, s in saes.items():
         z_in[layer] = s.sae_in.encode(fwd[s.site][layer])
-        z_out[layer] = s.sae_out.encode(fwd["mlp_out"][layer])
+        z_out[layer] = s.sae_out.encode(fwd[MLP_OUT][layer])
     keep_in, keep_out = _cap(z_in, z_out, saes, max_features)
 
     # ---- nodes: tokens, then per layer inputs, input errors, outputs, output errors, then logits
@@ -288,11 +289,11 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
             where[(OUTPUT, layer)] = count
             rows.append((OUTPUT, layer, pos_o, idx_o, z_out[layer][pos_o, idx_o]))
             count += len(pos_o)
-            err_o = fwd["mlp_out"][layer] - zo @ s.sae_out.W_dec - s.sae_out.b_dec
+            err_o = fwd[MLP_OUT][layer] - zo @ s.sae_out.W_dec - s.sae_out.b_dec
             writes[layer] = (pos_o, zo[pos_o, idx_o].unsqueeze(1) * s.sae_out.W_dec[idx_o], err_o)
         else:
-            writes[layer] = (ar[:0], fwd["mlp_out"][layer][:0], fwd["mlp_out"][layer])
-            err_o = fwd["mlp_out"][layer]
+            writes[layer] = (ar[:0], fwd[MLP_OUT][layer][:0], fwd[MLP_OUT][layer])
+            err_o = fwd[MLP_OUT][layer]
         where[(OUTPUT_ERROR, layer)] = count
         rows.append((OUTPUT_ERROR, layer, ar, torch.full((n,), -1), err_o.norm(dim=-1)))
         count += n
@@ -339,7 +340,7 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
         for start in range(0, len(pos), chunk):
             p, i = pos[start:start + chunk], idx[start:start + chunk]
             read = s.sae_in.W_enc[:, i].T  # [T, d] at the SAE's site
-            if s.site == "mlp_in":  # the SAE reads g2 * r / scale2
+            if s.site == MLP_IN:  # the SAE reads g2 * r / scale2
                 read = read * (m.mlps[layer].g / f.scale2[layer][p].unsqueeze(1))
             G = torch.zeros(len(p), n, read.shape[1], dtype=dtype)
             G[torch.arange(len(p)), p] = read
@@ -368,7 +369,7 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
             src = torch.cat([where[(INPUT, layer)] + here, torch.tensor([where[(INPUT_ERROR, layer)] + t])])
             vec = torch.cat([zi[t, idx[here]].unsqueeze(1) * s.sae_in.W_dec[idx[here]], err[t:t + 1],
                              s.sae_in.b_dec.unsqueeze(0)])
-            parts = vec if s.site == "mlp_in" else vec * (m.mlps[layer].g / f.scale2[layer][t])
+            parts = vec if s.site == MLP_IN else vec * (m.mlps[layer].g / f.scale2[layer][t])
             outs = (pos_o == t).nonzero().squeeze(1)
             tgt = where[(OUTPUT, layer)] + outs
             T = pair_terms(parts, m.mlps[layer], mlp.W_enc[:, idx_o[outs]].T)

@@ -82,9 +82,10 @@ def run_lock(root: str | Path, stage: str, create: bool = True) -> Iterator[None
 
 def _remove_bare(root: Path, top: Path) -> None:
     """Remove `root`, and its parents up to `top`, if the lock file is all they hold."""
-    if [p.name for p in root.iterdir()] != [LOCK_FILE]:
+    lock = RunPaths(root).lock
+    if [p.name for p in root.iterdir()] != [lock.name]:
         return
-    (root / LOCK_FILE).unlink()
+    lock.unlink()
     folder = root
     while True:
         try:
