@@ -212,8 +212,8 @@ def cmd_circuits(args: argparse.Namespace) -> None:
 
     job = job_from(args, CircuitsJob)
     ctx = _Context(args)
-    job.explicit(ctx.layers)  # a usage error before any work
-    done = ensure_circuits(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
+    plan = job.plan(ctx.run, ctx.inputs, ctx.layers, job.input_site)  # usage errors before any work
+    done = ensure_circuits(ctx.work(), job=job, plan=plan, runtime=ctx.runtime)
     print(f"circuit tables for layers {ctx.layers} in {ctx.run.tables} "
           f"(computed now: {', '.join(done) if done else 'none, all up to date'})")
 
@@ -225,8 +225,8 @@ def cmd_features(args: argparse.Namespace) -> None:
 
     job = job_from(args, FeaturesJob)
     ctx = _Context(args)
-    job.explicit(ctx.layers)
-    df = ensure_features(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
+    plan = job.plan(ctx.run, ctx.inputs, ctx.layers)
+    df = ensure_features(ctx.work(), job=job, plan=plan, runtime=ctx.runtime)
     print(f"{len(df)} features described in {ctx.run.tables / 'features'}")
 
 
@@ -238,8 +238,8 @@ def cmd_verdicts(args: argparse.Namespace) -> None:
 
     job = job_from(args, VerdictsJob)
     ctx = _Context(args)
-    job.explicit(ctx.layers)
-    verdicts = ensure_verdicts(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
+    plan = job.plan(ctx.run, ctx.inputs, ctx.layers, job.input_site)
+    verdicts = ensure_verdicts(ctx.work(), job=job, plan=plan, runtime=ctx.runtime)
     print_summary(verdicts, args.show)
     print(f"verdicts of layers {ctx.layers} in {ctx.run.tables / 'gate_verdicts'}")
 
@@ -249,12 +249,10 @@ def cmd_report(args: argparse.Namespace) -> None:
     from pipelines.report.page import ReportConfig, write_report
 
     cfg = config_from(args, ReportConfig)
-    choice = config_from(args, SAEChoice)
     ctx = _Context(args)
+    plan = config_from(args, SAEChoice).plan(ctx.run, ctx.inputs, ctx.layers, config_from(args, VerdictsJob).input_site)
     with ctx.runtime.torch_threads():
-        path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, sae_paths=choice.explicit(ctx.layers),
-                            input_site=config_from(args, VerdictsJob).input_site,
-                            allow_hookless=choice.allow_hookless_saes)
+        path = write_report(ctx.run, cfg, ctx.inputs, plan)
     print(f"report: {path}")
 
 

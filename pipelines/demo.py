@@ -95,13 +95,15 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     metrics = ensure_saes(work, job=cfg.saes, layers=layers, runtime=runtime)
     print(metrics[["layer", "site", "nmse", "l0", "dead_fraction", "loss_added"]]
           .to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    ensure_circuits(work, job=cfg.circuits, layers=layers, runtime=runtime)
-    ensure_features(work, job=cfg.features, layers=layers, runtime=runtime)
-    verdicts = ensure_verdicts(work, job=cfg.verdicts, layers=layers, runtime=runtime)
+    ensure_circuits(work, job=cfg.circuits, plan=cfg.circuits.plan(run, lm, layers, cfg.circuits.input_site),
+                    runtime=runtime)
+    ensure_features(work, job=cfg.features, plan=cfg.features.plan(run, lm, layers), runtime=runtime)
+    plan = cfg.verdicts.plan(run, lm, layers, cfg.verdicts.input_site)
+    verdicts = ensure_verdicts(work, job=cfg.verdicts, plan=plan, runtime=runtime)
     print_summary(verdicts, cfg.n_candidates, time.perf_counter() - start)
     if cfg.explorer:
         write_explorer(run)
-    report = write_report(run, cfg.report, lm, layers, input_site=cfg.verdicts.input_site)
+    report = write_report(run, cfg.report, lm, plan)
     print(f"report: {report}")
 
 

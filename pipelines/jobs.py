@@ -18,7 +18,8 @@ from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokenizer import TokenizerConfig
-from pipelines.inputs import SAEPaths
+from pipelines.engine.paths import RunPaths
+from pipelines.inputs import LayerPlan, ModelInputs, plan_layers
 from pipelines.lm.model import ModelConfig
 from pipelines.lm.training import LMTrainConfig
 from sae.config import SAETrainConfig
@@ -55,13 +56,16 @@ class SAEChoice(Config):
     allow_hookless_saes: bool = option(False, "accept SAEs that record no hook, taking them to read the given layer "
                                               "and site", runtime=True)
 
-    def explicit(self, layers: list[int]) -> dict[int, SAEPaths] | None:
-        """The named SAE folders of the single chosen layer, if any were named."""
-        if not (self.sae_in or self.sae_out):
-            return None
-        if not self.sae_in or len(layers) != 1:
-            raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
-        return {layers[0]: (Path(self.sae_in), Path(self.sae_out) if self.sae_out else None)}
+    def plan(self, run: RunPaths, inputs: ModelInputs, layers: list[int],
+             input_site: str = DEFAULT_INPUT_SITE) -> dict[int, LayerPlan]:
+        """Each layer's plan (`pipelines.inputs.LayerPlan`): the named SAE folders of the
+        single chosen layer, or the run's own read at `input_site`."""
+        explicit = None
+        if self.sae_in or self.sae_out:
+            if not self.sae_in or len(layers) != 1:
+                raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
+            explicit = (Path(self.sae_in), Path(self.sae_out) if self.sae_out else None)
+        return plan_layers(run, inputs, layers, explicit, input_site, self.allow_hookless_saes)
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,7 @@ from pipelines.engine.paths import RunPaths, stamp_of
 from pipelines.engine.stamps import Stamp
 from pipelines.engine.tables import has_table, table_path
 from pipelines.engine.tasks import Task, run_tasks
-from pipelines.inputs import (LayerSAEs, StageInputs, feature_saes, layer_batches, layer_saes,
-                              portable)
+from pipelines.inputs import SAE_OUTPUTS, LayerPlan, LayerSAEs, StageInputs, layer_batches, part_name, portable
 from pipelines.jobs import CircuitsJob, FeaturesJob, LMJob, SAEJob, VerdictsJob
 from pipelines.lm.behaviour import lexicon_accuracy
 from pipelines.lm.training import held_out_loss, train_lm
@@ -55,7 +54,6 @@ from sae.train import inference_weights, train_saes
 # written into the stamps of the stages: outputs of an older format are recomputed (4: every
 # SAE seeded by its point, not its place in the list; gate ablations by the verdicts stage)
 TABLE_FORMAT = 4
-SAE_PART = "sae"  # the output set whose features get data statistics, truth tables and verdicts
 
 
 class ModelReplacementError(ValueError):
@@ -294,45 +292,43 @@ def _write_metrics_table(run: RunPaths, layer: int) -> None:
 # ------------------------------------------------------------------ circuit tables
 
 
-def ensure_circuits(work: StageInputs, *, job: CircuitsJob, layers: list[int], runtime: Runtime) -> list[str]:
+def ensure_circuits(work: StageInputs, *, job: CircuitsJob, plan: dict[int, LayerPlan], runtime: Runtime) -> list[str]:
     """Circuit tables of each layer and output set not yet current; returns those computed."""
-    explicit = job.explicit(layers) or {}
     todo = []
-    for layer in layers:
-        saes = layer_saes(work.run, work.lm, layer, explicit.get(layer), job.input_site, "sae" in job.outputs,
-                          job.allow_hookless_saes)
-        stale = [spec for spec in job.outputs if not _circuits_current(work, job, saes, spec)]
+    for layer, mine in plan.items():
+        saes = mine.saes(work.lm, SAE_OUTPUTS in job.outputs)
+        stale = [spec for spec in job.outputs if not _circuits_current(work, job, mine, saes, spec)]
         if stale:
-            todo.append(Task(f"layer {layer}", (job, layer, stale, runtime.threads), _gpus(runtime)))
+            todo.append(Task(f"layer {layer}", (job, mine, stale, runtime.threads), _gpus(runtime)))
     done = run_tasks(runtime, _circuits_layer, work, todo, "circuits")
     return [name for names in done for name in names]
 
 
 def _circuits_stamp(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: str) -> Stamp:
-    outputs = digest(saes.sae_out.path) if spec == "sae" else text_digest(spec, _spec_file_digest(spec))
+    outputs = digest(saes.sae_out.path) if spec == SAE_OUTPUTS else text_digest(spec, _spec_file_digest(spec))
     return Stamp("circuits", {"model": work.lm.digest, "held_out_tokens": _tokens_digest(work.store.held_out),
                               "sae_in": digest(saes.sae_in.path), "outputs": outputs},
                  {"format": TABLE_FORMAT, **job.recipe(), "outputs": spec})
 
 
-def _circuits_current(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: str) -> bool:
-    part = _part_name(saes.input_site, spec, job.output_basis)
+def _circuits_current(work: StageInputs, job: CircuitsJob, plan: LayerPlan, saes: LayerSAEs, spec: str) -> bool:
+    part = part_name(plan.input_site, spec, job.output_basis)
     names = [t.name for t in schemas.TABLES.values() if t.stage == "circuits" and t.outputs in ("any", spec)]
     return (stamps.is_current(work.run.table_stamp("circuits", saes.layer, part), _circuits_stamp(work, job, saes, spec))
             and all(has_table(work.run.tables, n, saes.layer, part) for n in names))
 
 
-def _circuits_layer(work: StageInputs, unit: tuple[CircuitsJob, int, list[str], int]) -> list[str]:
+def _circuits_layer(work: StageInputs, unit: tuple[CircuitsJob, LayerPlan, list[str], int]) -> list[str]:
     """The circuit tables of one layer for each stale output set, its weight analysis on
     `threads` threads."""
-    job, layer, specs, threads = unit
-    explicit = (job.explicit([layer]) or {}).get(layer)
-    saes = layer_saes(work.run, work.lm, layer, explicit, job.input_site, "sae" in job.outputs, job.allow_hookless_saes)
+    job, plan, specs, threads = unit
+    layer = plan.layer
+    saes = plan.saes(work.lm, SAE_OUTPUTS in job.outputs)
     model = work.lm.model
     mlp = from_hooked_transformer(model, layer)
     done = []
     for spec in specs:
-        part = _part_name(saes.input_site, spec, job.output_basis)
+        part = part_name(plan.input_site, spec, job.output_basis)
         stamp = _circuits_stamp(work, job, saes, spec)
         marker = work.run.table_stamp("circuits", layer, part)
         stamps.begin(marker)
@@ -348,17 +344,6 @@ def _circuits_layer(work: StageInputs, unit: tuple[CircuitsJob, int, list[str], 
     return done
 
 
-def _part_name(input_site: str, spec: str, basis: str) -> str:
-    """File name of one output set's tables within a layer's folder."""
-    if spec == "sae":
-        name = SAE_PART if basis == "encoder" else "sae-decoder"
-    elif spec == "hosvd":
-        name = "hosvd"
-    else:
-        name = spec.split(":", 1)[0] + "-" + text_digest(spec)[:8]
-    return f"{input_site}-{name}"
-
-
 def _spec_file_digest(spec: str) -> str:
     if spec.startswith("file:"):
         return digest(spec[5:])
@@ -368,27 +353,26 @@ def _spec_file_digest(spec: str) -> str:
 # ------------------------------------------------------------------ feature descriptions
 
 
-def ensure_features(work: StageInputs, *, job: FeaturesJob, layers: list[int], runtime: Runtime) -> pd.DataFrame:
+def ensure_features(work: StageInputs, *, job: FeaturesJob, plan: dict[int, LayerPlan], runtime: Runtime
+                    ) -> pd.DataFrame:
     """The `features` and `feature_labels` tables of each (layer, site) not yet current.
 
     Each (layer, site) is its own part (`features/layer2/mlp_out.parquet`), so describing
     one site's SAEs leaves the others' descriptions as they are. Here every SAE still to do
     is described in one pass over the held-out rows; on Ray, each layer is a task.
     """
-    explicit = job.explicit(layers) or {}
     todo: dict[int, list[str]] = {}
-    for layer in layers:
-        for point, sae in feature_saes(work.run, work.lm, layer, job.sites, explicit.get(layer),
-                                       job.allow_hookless_saes).items():
+    for layer, mine in plan.items():
+        for point, sae in mine.described(work.lm, job.sites).items():
             if not (stamps.is_current(work.run.table_stamp("features", layer, point[1]), _features_stamp(work, job, sae.path))
                     and has_table(work.run.tables, "features", layer, point[1])):
                 todo.setdefault(layer, []).append(point[1])
     if runtime.ray is None and todo:  # one pass for every layer
-        tasks = [Task("layers " + ", ".join(map(str, todo)), (job, todo))]
+        tasks = [Task("layers " + ", ".join(map(str, todo)), (job, [(plan[layer], sites) for layer, sites in todo.items()]))]
     else:
-        tasks = [Task(f"layer {layer}", (job, {layer: sites}), _gpus(runtime)) for layer, sites in todo.items()]
+        tasks = [Task(f"layer {layer}", (job, [(plan[layer], sites)]), _gpus(runtime)) for layer, sites in todo.items()]
     run_tasks(runtime, _features_of, work, tasks, "features")
-    return schemas.read(work.run.tables, "features", layers)
+    return schemas.read(work.run.tables, "features", list(plan))
 
 
 def _features_stamp(work: StageInputs, job: FeaturesJob, sae_path: Path) -> Stamp:
@@ -396,13 +380,11 @@ def _features_stamp(work: StageInputs, job: FeaturesJob, sae_path: Path) -> Stam
                  {"format": TABLE_FORMAT, "features": job.features.recipe()})
 
 
-def _features_of(work: StageInputs, unit: tuple[FeaturesJob, dict[int, list[str]]]) -> None:
+def _features_of(work: StageInputs, unit: tuple[FeaturesJob, list[tuple[LayerPlan, list[str]]]]) -> None:
     job, todo = unit
-    explicit = job.explicit(sorted(todo)) if len(todo) == 1 else None
     saes = {}
-    for layer, sites in todo.items():
-        found = feature_saes(work.run, work.lm, layer, tuple(sites), (explicit or {}).get(layer),
-                             job.allow_hookless_saes)
+    for plan, sites in todo:
+        found = plan.described(work.lm, tuple(sites))
         saes.update({p: s for p, s in found.items() if p[1] in sites})
     for (layer, site) in saes:
         stamps.begin(work.run.table_stamp("features", layer, site))
@@ -423,55 +405,53 @@ def _features_of(work: StageInputs, unit: tuple[FeaturesJob, dict[int, list[str]
 VERDICT_TABLES = tuple(name for name, table in schemas.TABLES.items() if table.stage == "verdicts")
 
 
-def ensure_verdicts(work: StageInputs, *, job: VerdictsJob, layers: list[int], runtime: Runtime) -> pd.DataFrame:
+def ensure_verdicts(work: StageInputs, *, job: VerdictsJob, plan: dict[int, LayerPlan], runtime: Runtime
+                    ) -> pd.DataFrame:
     """Group gates, ablations and the `gate_verdicts` table of each layer not yet current;
     returns the verdicts of every layer asked for."""
-    explicit = job.explicit(layers) or {}
     todo = []
-    for layer in layers:
-        saes = layer_saes(work.run, work.lm, layer, explicit.get(layer), job.input_site, True, job.allow_hookless_saes)
-        part = f"{saes.input_site}-{SAE_PART}"
-        marker = work.run.table_stamp("verdicts", layer, part)
-        if not (stamps.is_current(marker, _verdicts_stamp(work, job, saes))
-                and all(has_table(work.run.tables, n, layer, part) for n in VERDICT_TABLES)):
-            todo.append(Task(f"layer {layer}", (job, layer), _gpus(runtime)))
+    for layer, mine in plan.items():
+        saes = mine.saes(work.lm)
+        marker = work.run.table_stamp("verdicts", layer, mine.part)
+        if not (stamps.is_current(marker, _verdicts_stamp(work, job, mine, saes))
+                and all(has_table(work.run.tables, n, layer, mine.part) for n in VERDICT_TABLES)):
+            todo.append(Task(f"layer {layer}", (job, mine), _gpus(runtime)))
     run_tasks(runtime, _verdicts_layer, work, todo, "verdicts")
-    return schemas.select(schemas.read(work.run.tables, "gate_verdicts", layers), job.input_site)
+    verdicts = schemas.read(work.run.tables, "gate_verdicts", list(plan))
+    return schemas.select(verdicts, next(iter(plan.values())).input_site)
 
 
-def _verdicts_stamp(work: StageInputs, job: VerdictsJob, saes: LayerSAEs) -> Stamp:
+def _verdicts_stamp(work: StageInputs, job: VerdictsJob, plan: LayerPlan, saes: LayerSAEs) -> Stamp:
     return Stamp("verdicts", {"model": work.lm.digest, "held_out": _held_out_digest(work.store),
                               "sae_in": digest(saes.sae_in.path), "sae_out": digest(saes.sae_out.path),
-                              **_read_digests(work.run, saes)},
+                              **_read_digests(work.run, plan)},
                  {"format": TABLE_FORMAT, **job.recipe()})
 
 
-def _read_digests(run: RunPaths, saes: LayerSAEs) -> dict[str, str]:
+def _read_digests(run: RunPaths, plan: LayerPlan) -> dict[str, str]:
     """Digests of the tables the verdicts of a layer read (their files for this layer)."""
     found = {}
     for name in CIRCUIT_READS:
-        path = table_path(run.tables, name, saes.layer, f"{saes.input_site}-{SAE_PART}")
+        path = table_path(run.tables, name, plan.layer, plan.part)
         if not path.is_file():
-            raise FileNotFoundError(f"layer {saes.layer}: no {name} table of the output SAE's features read by their "
-                                    f"encoder rows, for input site {saes.input_site}, in {run.tables}: run `circuits` "
+            raise FileNotFoundError(f"layer {plan.layer}: no {name} table of the output SAE's features read by their "
+                                    f"encoder rows, for input site {plan.input_site}, in {run.tables}: run `circuits` "
                                     "first (with --outputs sae and --output-basis encoder)")
         found[name] = digest(path)
-    for site in (saes.input_site, OUTPUT_SITE):
+    for site in (plan.input_site, OUTPUT_SITE):
         for name in ("features", "feature_labels"):
-            path = table_path(run.tables, name, saes.layer, site)
+            path = table_path(run.tables, name, plan.layer, site)
             found[f"{name}:{site}"] = digest(path) if path.is_file() else "absent"
     return found
 
 
-def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
+def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, LayerPlan]) -> None:
     """Rank, group, ablate and judge one layer's gate candidates (`pipelines.analysis.judge`)."""
-    job, layer = unit
-    run = work.run
-    explicit = (job.explicit([layer]) or {}).get(layer)
-    saes = layer_saes(run, work.lm, layer, explicit, job.input_site, True, job.allow_hookless_saes)
-    part = f"{saes.input_site}-{SAE_PART}"
+    job, plan = unit
+    run, layer, part = work.run, plan.layer, plan.part
+    saes = plan.saes(work.lm)
     marker = run.table_stamp("verdicts", layer, part)
-    stamp = _verdicts_stamp(work, job, saes)
+    stamp = _verdicts_stamp(work, job, plan, saes)
     stamps.begin(marker)
     circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)
                 for name in CIRCUIT_READS}

@@ -118,7 +118,8 @@ def test_cli_verdicts_equal_the_stage_called_as_the_demo_does(run, tmp_path):
     source, corpus = trained_corpus(paths.lm)
     work = StageInputs(paths, lm, ensure_tokens(paths, source, lm.tokenizer, lm.config.n_ctx, corpus))
     job = VerdictsJob(verdicts=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64))
-    returned = ensure_verdicts(work, job=job, layers=[0, 1], runtime=Runtime(threads=1, device="cpu"))
+    returned = ensure_verdicts(work, job=job, plan=job.plan(paths, lm, [0, 1]),
+                               runtime=Runtime(threads=1, device="cpu"))
 
     cli, direct = _verdict_files(run), _verdict_files(copy)
     assert sorted(cli) == sorted(direct) and len(cli) == 2 * len(VERDICT_TABLES)
