@@ -56,23 +56,35 @@ class SAEChoice(Config):
     allow_hookless_saes: bool = option(False, "accept SAEs that record no hook, taking them to read the given layer "
                                               "and site", runtime=True)
 
-    def plan(self, run: RunPaths, inputs: ModelInputs, layers: list[int],
-             input_site: str = DEFAULT_INPUT_SITE) -> dict[int, LayerPlan]:
+    def plan(self, run: RunPaths, inputs: ModelInputs, layers: list[int]) -> dict[int, LayerPlan]:
         """Each layer's plan (`pipelines.inputs.LayerPlan`): the named SAE folders of the
-        single chosen layer, or the run's own read at `input_site`."""
+        single chosen layer, or the run's own read at `read_site()`."""
         explicit = None
         if self.sae_in or self.sae_out:
             if not self.sae_in or len(layers) != 1:
                 raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
             explicit = (Path(self.sae_in), Path(self.sae_out) if self.sae_out else None)
-        return plan_layers(run, inputs, layers, explicit, input_site, self.allow_hookless_saes)
+        return plan_layers(run, inputs, layers, explicit, self.read_site(), self.allow_hookless_saes)
+
+    def read_site(self) -> str:
+        """Where the run's own input SAEs are read (and a named one that records no hook)."""
+        return DEFAULT_INPUT_SITE
 
 
 @dataclass(frozen=True)
-class CircuitsJob(SAEChoice):
+class SiteChoice(SAEChoice):
+    """Which SAEs an analysis reads, and at which input site the run's own are read."""
+
+    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs to read", choices=INPUT_SITES)
+
+    def read_site(self) -> str:
+        return self.input_site
+
+
+@dataclass(frozen=True)
+class CircuitsJob(SiteChoice):
     """What `circuits` computes for each layer."""
 
-    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs to use", choices=INPUT_SITES)
     outputs: tuple[str, ...] = option(("sae",), "output directions: sae (the output SAE's features), hosvd, "
                                                 "logit:GOOD-BAD or logit:WORD (unembedding directions), file:PATH "
                                                 "(.npy/.safetensors)")
@@ -94,10 +106,9 @@ class FeaturesJob(SAEChoice):
 
 
 @dataclass(frozen=True)
-class VerdictsJob(SAEChoice):
+class VerdictsJob(SiteChoice):
     """What `verdicts` checks for each layer."""
 
-    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs the circuit tables read", choices=INPUT_SITES)
     verdicts: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
 
 

@@ -95,14 +95,14 @@ def _verdict_files(run: Path) -> dict[str, Path]:
 
 
 def test_cli_verdicts_equal_the_stage_called_as_the_demo_does(run, tmp_path):
-    """`bilinear-circuits verdicts` (the fixture ran it) and `ensure_verdicts` called with
+    """`bilinear-circuits verdicts` (the fixture ran it) and the verdicts stage called with
     the job built from the same settings, as the demo calls it, write the same tables."""
     from pipelines.analysis.verdicts import VerdictConfig
     from pipelines.engine.paths import RunPaths
     from pipelines.inputs import ModelInputs, StageInputs, trained_corpus
     from pipelines.jobs import VerdictsJob
     from pipelines.runtime import Runtime
-    from pipelines.stages import ensure_tokens, ensure_verdicts
+    from pipelines.stages import VERDICTS, ensure, ensure_tokens
 
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
@@ -118,8 +118,7 @@ def test_cli_verdicts_equal_the_stage_called_as_the_demo_does(run, tmp_path):
     source, corpus = trained_corpus(paths.lm)
     work = StageInputs(paths, lm, ensure_tokens(paths, source, lm.tokenizer, lm.config.n_ctx, corpus))
     job = VerdictsJob(verdicts=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64))
-    returned = ensure_verdicts(work, job=job, plan=job.plan(paths, lm, [0, 1]),
-                               runtime=Runtime(threads=1, device="cpu"))
+    returned = ensure(VERDICTS, work, job, job.plan(paths, lm, [0, 1]), Runtime(threads=1, device="cpu"))
 
     cli, direct = _verdict_files(run), _verdict_files(copy)
     assert sorted(cli) == sorted(direct) and len(cli) == 2 * len(VERDICT_TABLES)

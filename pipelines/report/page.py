@@ -21,13 +21,13 @@ from tqdm.auto import tqdm
 
 from circuits.config import Config, option
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
+from pipelines import summary
 from pipelines.engine.files import atomic_dir
 from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.report import figures
 from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_match
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
-METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_score",
                      "contribution_share", "coactivation", "and_data", "split_pair", "drop_a", "drop_b", "verdict",
                      "negation_gate", "out_description", "a_description", "b_description"]
@@ -118,7 +118,7 @@ def _metrics(data: ReportData) -> list[dict] | None:
     if metrics is None:
         return None
     order = metrics.assign(_site=metrics["site"].map(SITES.index))
-    return order.sort_values(["layer", "_site"])[METRIC_COLUMNS].to_dict("records")
+    return order.sort_values(["layer", "_site"])[summary.METRIC_COLUMNS].to_dict("records")
 
 
 def _correlations(data: ReportData, pictures: _Pictures, cfg: ReportConfig) -> dict | None:
