@@ -19,6 +19,7 @@ from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokenizer import TokenizerConfig
 from pipelines.engine.paths import RunPaths
+from pipelines.graph.build import GraphConfig
 from pipelines.inputs import LayerPlan, ModelInputs, plan_layers
 from pipelines.lm.model import ModelConfig
 from pipelines.lm.training import LMTrainConfig
@@ -110,6 +111,16 @@ class VerdictsJob(SiteChoice):
     """What `verdicts` checks for each layer."""
 
     verdicts: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
+
+
+@dataclass(frozen=True)
+class GraphJob(SAEChoice):
+    """What `graph` builds: attribution graphs from the run's SAEs or those of one --layer."""
+
+    graph: GraphConfig = option(doc="attribution graphs", factory=GraphConfig)
+
+    def read_site(self) -> str:
+        return self.graph.input_site
 
 
 def _check_sites(sites: tuple[str, ...], known: tuple[str, ...]) -> None:

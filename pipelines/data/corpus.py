@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from pipelines.data.stories import Story, StoryConfig, generate_stories
 from pipelines.engine.files import atomic_dir, digest, text_digest, write_json
 from pipelines.engine.paths import CORPUS_PART, LEXICON, STORY_CONFIG
@@ -51,7 +51,7 @@ class CorpusConfig(Config):
     label_column: str | None = option(None, "column with a class per document (e.g. a review's polarity), for feature labels")
     lexicon: str | None = option(None, "file of 'word<TAB>class' lines (a number as class: its sign), for feature labels")
     held_out: float = option(0.05, "share of documents held out from training (chosen by document, seeded)", low=0.001, high=0.5)
-    split_seed: int = option(0, "seed of the held-out choice")
+    split_seed: int = seed_option("seed of the held-out choice")
 
 
 @dataclass

@@ -14,10 +14,12 @@ The folder is replaced atomically, so a reader never sees half a site.
 from __future__ import annotations
 
 import functools
+import http
 import http.server
 import importlib.resources
 import shutil
 import time
+import urllib.parse
 import warnings
 from pathlib import Path
 
@@ -72,6 +74,13 @@ def write_explorer(run: RunPaths) -> Path:
 class _Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
+
+    def send_head(self):
+        # a null byte (`%00`) would reach the file system calls, which raise on it
+        if "\x00" in urllib.parse.unquote(self.path):
+            self.send_error(http.HTTPStatus.BAD_REQUEST, "null byte in the path")
+            return None
+        return super().send_head()
 
 
 def make_server(folder: str | Path, host: str = "127.0.0.1", port: int = 8000) -> http.server.ThreadingHTTPServer:

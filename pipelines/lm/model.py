@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.weights import check_finite
 from pipelines.engine.files import digest, text_digest, write_json
 from pipelines.engine.paths import MODEL_CONFIG, MODEL_WEIGHTS, ModelPaths
@@ -42,7 +42,7 @@ class ModelConfig(Config):
     n_ctx: int = option(128, "longest context the model is built for", low=2)
     d_vocab: int = option(4096, "vocabulary size, taken from the tokenizer when training", low=2)
     eps: float = option(1e-5, "added to mean(x^2) inside every RMS norm", low=0.0)
-    seed: int = option(0, "the seed its weights were initialised with (train-lm's --seed, recorded here)")
+    seed: int = seed_option("the seed its weights were initialised with (train-lm's --seed, recorded here)")
 
     @property
     def d_head(self) -> int:

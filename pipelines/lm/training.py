@@ -21,7 +21,7 @@ from torch.nn.utils import clip_grad_norm_
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from pipelines.data.tokens import TokenRows
 from pipelines.engine.files import atomic_file
 from pipelines.engine.paths import ModelPaths
@@ -42,7 +42,7 @@ class LMTrainConfig(Config):
     eval_every: int = option(100, "steps between held-out evaluations", low=1, runtime=True)
     eval_rows: int = option(64, "held-out rows per evaluation", low=1)
     checkpoint_every: int = option(50, "steps between resumable checkpoints (a kill loses at most this many)", low=1, runtime=True)
-    seed: int = option(0, "seed of the weight initialisation and the data order")
+    seed: int = seed_option("seed of the weight initialisation and the data order")
     autocast: str = option("none", "mixed precision of forward passes: none, or bf16 (GPUs; runs on CPU too)",
                            choices=("none", "bf16"), runtime=True)
 
