@@ -282,11 +282,11 @@ def stage_flops(stage: str, cfg, m) -> float:
         return (m.n_layers * circuit_layer_flops(d, m.d_mlp, d_sae, d_sae) + rows * forward_flops(m, unembed=False)
                 + encode)
     if stage == "features":
-        rows = cfg.features.features.n_rows * n_ctx
+        rows = cfg.features.description.n_rows * n_ctx
         logit = n_saes * 2 * d_sae * d * m.d_vocab
         return rows * (forward_flops(m, unembed=False) + n_saes * 2 * d * d_sae) + logit
     if stage == "verdicts":
-        v = cfg.verdicts.verdicts
+        v = cfg.verdicts.rules
         rows = v.rows * n_ctx
         candidates = 2 * v.n_ablate + 2
         # an ablated token needs the layers after it at its own position (earlier ones are cached) and the unembedding

@@ -47,9 +47,9 @@ class DemoConfig(Config):
     explorer: bool = option(True, "write the interactive explorer too")
 
     def check(self) -> None:
-        if self.n_candidates > self.verdicts.verdicts.n_ablate:
+        if self.n_candidates > self.verdicts.rules.n_ablate:
             raise ValueError(f"DemoConfig.n_candidates={self.n_candidates} exceeds verdicts.n_ablate="
-                             f"{self.verdicts.verdicts.n_ablate}: the demo would print candidates never ablated")
+                             f"{self.verdicts.rules.n_ablate}: the demo would print candidates never ablated")
 
     @classmethod
     def small(cls) -> "DemoConfig":
@@ -60,9 +60,9 @@ class DemoConfig(Config):
                      train=LMTrainConfig(train_tokens=60_000, batch_size=16, eval_every=20, checkpoint_every=50)),
             saes=SAEJob(sites=DEFAULT_SAE_SITES, sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192,
                                                         eval_rows=8)),
-            circuits=CircuitsJob(corr_rows=64, circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5)),
-            features=FeaturesJob(sites=DEFAULT_SAE_SITES, features=FeatureConfig(n_rows=64)),
-            verdicts=VerdictsJob(verdicts=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64)),
+            circuits=CircuitsJob(corr_rows=64, analysis=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5)),
+            features=FeaturesJob(sites=DEFAULT_SAE_SITES, description=FeatureConfig(n_rows=64)),
+            verdicts=VerdictsJob(rules=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64)),
             n_candidates=2,
         )
 
@@ -73,9 +73,9 @@ class DemoConfig(Config):
             lm=self.lm.replace(corpus=self.lm.corpus.replace(split_seed=seed), model=self.lm.model.replace(seed=seed),
                                train=self.lm.train.replace(seed=seed)),
             saes=self.saes.replace(sae=self.saes.sae.replace(seed=seed)),
-            circuits=self.circuits.replace(circuits=self.circuits.circuits.replace(seed=seed)),
-            features=self.features.replace(features=self.features.features.replace(seed=seed)),
-            verdicts=self.verdicts.replace(verdicts=self.verdicts.verdicts.replace(seed=seed)))
+            circuits=self.circuits.replace(analysis=self.circuits.analysis.replace(seed=seed)),
+            features=self.features.replace(description=self.features.description.replace(seed=seed)),
+            verdicts=self.verdicts.replace(rules=self.verdicts.rules.replace(seed=seed)))
 
 
 def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:

@@ -92,7 +92,7 @@ class CircuitsJob(SiteChoice):
     output_basis: str = option("encoder", "read SAE outputs by their encoder rows (exact pre-activations) or decoder "
                                           "rows", choices=OUTPUT_BASES)
     corr_rows: int = option(1024, "held-out rows for correlations, gate statistics and truth tables", low=1)
-    circuits: CircuitConfig = option(doc="the per-layer analysis", factory=CircuitConfig)
+    analysis: CircuitConfig = option(doc="the per-layer analysis", factory=CircuitConfig)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class FeaturesJob(SAEChoice):
     """What `features` describes."""
 
     sites: tuple[str, ...] = option(SITES, "the run's SAE sites to describe, where they exist")
-    features: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
+    description: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
 
     def check(self) -> None:
         _check_sites(self.sites, SITES)
@@ -110,7 +110,7 @@ class FeaturesJob(SAEChoice):
 class VerdictsJob(SiteChoice):
     """What `verdicts` checks for each layer."""
 
-    verdicts: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
+    rules: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
 
 
 @dataclass(frozen=True)

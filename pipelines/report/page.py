@@ -163,7 +163,7 @@ def _layer_section(data: ReportData, layer: int, pictures: _Pictures, cfg: Repor
         rows = mine[mine["kind"] == kind]
         section["kinds"].append({"title": title, "rows": rows.head(cfg.n_candidates)[CANDIDATE_COLUMNS].to_dict("records")})
         chosen = [("best", r) for r in rows.head(cfg.cards_per_layer).to_dict("records")]
-        if data.has_ground_truth:
+        if data.negation_judged:
             chosen += [("negation gate", r) for r in rows[rows["negation_gate"].fillna(False).astype(bool)].head(1)
                        .to_dict("records")]
         for why, row in chosen:

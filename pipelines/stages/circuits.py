@@ -36,9 +36,9 @@ class Circuits(TableStage):
         model = work.lm.model
         mlp = from_hooked_transformer(model, plan.layer)
         for part in parts:
-            out = parse_outputs([part.detail], job.output_basis, work.lm, mlp, saes, job.circuits)[0]
+            out = parse_outputs([part.detail], job.output_basis, work.lm, mlp, saes, job.analysis)[0]
             batches = layer_batches(model, work.store.held_out, job.corr_rows, saes) if out.sae is not None else None
-            yield part, analyse_layer(mlp, saes.sae_in.weights, out, batches, job.circuits, layer=plan.layer,
+            yield part, analyse_layer(mlp, saes.sae_in.weights, out, batches, job.analysis, layer=plan.layer,
                                       input_site=saes.input_site, progress=True, workers=threads)
         work.report(job.corr_rows * work.store.held_out.n_ctx)
 

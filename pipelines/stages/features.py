@@ -45,12 +45,12 @@ class Features(TableStage):
             saes.update({point: sae for point, sae in plan[part.layer].described(work.lm, (part.detail,)).items()
                          if point[1] == part.detail})
         features, labels = feature_tables(work.lm.model, work.lm.tokenizer, work.store.held_out,
-                                          {point: sae.weights for point, sae in saes.items()}, job.features,
+                                          {point: sae.weights for point, sae in saes.items()}, job.description,
                                           work.store.classes, work.store.lexicon_tokens, work.lm.token_counts)
         for part in parts:
             mine = lambda frame: frame[(frame["layer"] == part.layer) & (frame["site"] == part.detail)]  # noqa: E731
             yield part, {"features": mine(features), "feature_labels": mine(labels)}
-        work.report(job.features.n_rows * work.store.held_out.n_ctx)
+        work.report(job.description.n_rows * work.store.held_out.n_ctx)
 
     def result(self, work: StageInputs, job: FeaturesJob, plan: Plan, computed: list[Part]) -> pd.DataFrame:
         """The `features` rows of every planned layer."""
@@ -59,7 +59,7 @@ class Features(TableStage):
 
 def _stamp(work: StageInputs, job: FeaturesJob, sae_path: Path) -> Stamp:
     return Stamp("features", {"model": work.lm.digest, "held_out": held_out_digest(work.store), "sae": digest(sae_path)},
-                 {"format": TABLE_FORMAT, "features": job.features.recipe()})
+                 {"format": TABLE_FORMAT, "features": job.description.recipe()})
 
 
 STAGE = Features()

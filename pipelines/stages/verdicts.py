@@ -41,10 +41,10 @@ class Verdicts(TableStage):
         features, labels = (schemas.read(run.tables, name, [layer]) for name in ("features", "feature_labels"))
         model = work.lm.model
         boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
-        facts = InputFacts.of(features, labels, layer, saes.input_site, job.verdicts)
+        facts = InputFacts.of(features, labels, layer, saes.input_site, job.rules)
         yield part, judge_layer(model, saes, work.store.held_out, circuits, facts=facts,
-                                negation=has_negation_labels(labels), boosted=boosted, cfg=job.verdicts)
-        work.report(job.verdicts.rows * work.store.held_out.n_ctx)
+                                negation=has_negation_labels(labels), boosted=boosted, cfg=job.rules)
+        work.report(job.rules.rows * work.store.held_out.n_ctx)
 
     def result(self, work: StageInputs, job: VerdictsJob, plan: Plan, computed: list[Part]) -> pd.DataFrame:
         """The verdicts of every planned layer."""
