@@ -40,7 +40,7 @@ Step = Callable[[torch.Tensor], None]
 
 
 def _ours(total_steps: int, device: str) -> Step:
-    trainer = TopKTrainer(TopKSAE(D_IN, D_SAE, K, device=device), total_steps=total_steps, lr=LR)
+    trainer = TopKTrainer(TopKSAE(D_IN, D_SAE, K, device=device), train_steps=total_steps, lr=LR)
 
     def step(batch: torch.Tensor) -> None:
         trainer.step(batch, stats=False)

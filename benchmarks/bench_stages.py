@@ -173,12 +173,11 @@ class Chain:
         self.source = ensure_corpus(self.run, self.cfg.stories)
 
     def train_lm(self):
-        from pipelines.data.corpus import LEXICON_FILE
         from pipelines.inputs import ModelInputs, StageInputs
         from pipelines.stages import ensure_lm, ensure_tokens
 
         cfg = self.cfg
-        self.lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(self.source / LEXICON_FILE)))
+        self.lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(self.run.lexicon)))
         self.summary = ensure_lm(self.run, source=str(self.source), job=self.lm_job, runtime=self.runtime)
         self.lm = ModelInputs(self.run.lm, self.runtime.device)
         self.work = StageInputs(self.run, self.lm, ensure_tokens(self.run, str(self.source), self.lm.tokenizer,
@@ -191,24 +190,27 @@ class Chain:
         self.sae_metrics = ensure_saes(self.work, job=self.cfg.saes, layers=self.layers, runtime=self.runtime)
 
     def circuits(self):
-        from pipelines.stages import ensure_circuits
+        from pipelines.stages import CIRCUITS, ensure
 
-        ensure_circuits(self.work, job=self.cfg.circuits, layers=self.layers, runtime=self.runtime)
+        ensure(CIRCUITS, self.work, self.cfg.circuits, self.cfg.circuits.plan(self.run, self.lm, self.layers),
+               self.runtime)
 
     def features(self):
-        from pipelines.stages import ensure_features
+        from pipelines.stages import FEATURES, ensure
 
-        ensure_features(self.work, job=self.cfg.features, layers=self.layers, runtime=self.runtime)
+        ensure(FEATURES, self.work, self.cfg.features, self.cfg.features.plan(self.run, self.lm, self.layers),
+               self.runtime)
 
     def verdicts(self):
-        from pipelines.stages import ensure_verdicts
+        from pipelines.stages import VERDICTS, ensure
 
-        ensure_verdicts(self.work, job=self.cfg.verdicts, layers=self.layers, runtime=self.runtime)
+        ensure(VERDICTS, self.work, self.cfg.verdicts, self.cfg.verdicts.plan(self.run, self.lm, self.layers),
+               self.runtime)
 
     def report(self):
         from pipelines.report.page import write_report
 
-        write_report(self.run, self.cfg.report, self.lm, self.layers, input_site=self.cfg.verdicts.input_site)
+        write_report(self.run, self.cfg.report, self.lm, self.cfg.verdicts.plan(self.run, self.lm, self.layers))
 
     def explorer(self):
         from pipelines.explorer.site import write_explorer
@@ -219,6 +221,7 @@ class Chain:
         """The demo's quality figures: held-out loss, SAE NMSE, median rank-2 correlation."""
         import pandas as pd
 
+        from circuits.sites import DEFAULT_INPUT_SITE
         from pipelines import schemas
 
         out = {"held_out_loss": self.summary["held_out_loss"]}
@@ -226,7 +229,7 @@ class Chain:
             out["nmse"] = {f"{r.layer}/{r.site}": float(r.nmse) for r in self.sae_metrics.itertuples()}
         if (self.run.tables / "lowrank").is_dir():
             low = pd.concat([schemas.read(self.run.tables, "lowrank", [layer]) for layer in self.layers])
-            low = low[(low["n_eigs"] == 2) & (low["input_site"] == "resid_mid")]
+            low = low[(low["n_eigs"] == 2) & (low["input_site"] == DEFAULT_INPUT_SITE)]
             out["rank2_median"] = {str(k): float(v) for k, v in low.groupby("layer")["corr_active"].median().items()}
         return out
 
@@ -279,11 +282,11 @@ def stage_flops(stage: str, cfg, m) -> float:
         return (m.n_layers * circuit_layer_flops(d, m.d_mlp, d_sae, d_sae) + rows * forward_flops(m, unembed=False)
                 + encode)
     if stage == "features":
-        rows = cfg.features.features.n_rows * n_ctx
+        rows = cfg.features.description.n_rows * n_ctx
         logit = n_saes * 2 * d_sae * d * m.d_vocab
         return rows * (forward_flops(m, unembed=False) + n_saes * 2 * d * d_sae) + logit
     if stage == "verdicts":
-        v = cfg.verdicts.verdicts
+        v = cfg.verdicts.rules
         rows = v.rows * n_ctx
         candidates = 2 * v.n_ablate + 2
         # an ablated token needs the layers after it at its own position (earlier ones are cached) and the unembedding

@@ -43,7 +43,7 @@ def lm_steps():
 def sae_steps():
     from sae.topk import TopKSAE, TopKTrainer
 
-    trainers = [TopKTrainer(TopKSAE(128, 512, 16, seed=i), total_steps=100, lr=1e-3) for i in range(8)]
+    trainers = [TopKTrainer(TopKSAE(128, 512, 16, seed=i), train_steps=100, lr=1e-3) for i in range(8)]
     batch = torch.randn(4096, 128)
 
     def run():

@@ -45,6 +45,7 @@ from circuits.bilinear import symmetrise  # noqa: E402
 from circuits.sites import MLP_IN, MLP_OUT, RESID_MID  # noqa: E402
 from circuits.sae_basis import preactivation_offset, token_scale  # noqa: E402
 from circuits.spectra import ActiveCorrelation, eigh_by_magnitude, lowrank_at  # noqa: E402
+from pipelines.inputs import SAE_OUTPUTS, part_name  # noqa: E402
 
 F64 = torch.float64
 
@@ -374,8 +375,8 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
           f"{'NaN ours, corr theirs (hist / curve)':>37} {'table n_active = ours here':>27}")
     tables = {}
     for l in layers:
-        lr = read_layer_table(run, "lowrank", l, "resid_mid-sae", tries, wait)
-        lr = lr[lr["outputs"] == "sae"] if "outputs" in lr.columns else lr
+        lr = read_layer_table(run, "lowrank", l, part_name(RESID_MID, SAE_OUTPUTS, "encoder"), tries, wait)
+        lr = lr[lr["outputs"] == SAE_OUTPUTS] if "outputs" in lr.columns else lr
         tables[l] = lr
         n = lr[lr["n_eigs"] == 1].set_index("out_feature")["n_active"].sort_index()
         same = (n.to_numpy() == n_active_ours[l].numpy()[n.index.to_numpy()]).mean() if n_rows == 1024 else float("nan")

@@ -1,6 +1,6 @@
 """One layer's circuit analysis, end to end: weights and activations in, tables out.
 
-Tables (columns and types in `circuits.tables`):
+Tables (columns and types in `pipelines.schemas`, where they are written):
 - `interactions`: per output, the top terms of each kind (`self`, `cross`, `linear`,
   `constant`) of its quadratic form in the input SAE's latents, by |coefficient|;
 - `gates`: per output, candidate AND-gate pairs with the weight-only score and, for outputs

@@ -17,6 +17,7 @@ from pathlib import Path
 from pipelines.options import add_config, config_from
 
 DEFAULT_RUN = Path("results/demo")
+TABLE_STAGES = ("circuits", "features", "verdicts")  # modules of pipelines.stages, one command each, in this order
 
 
 def _offline() -> None:
@@ -173,6 +174,7 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     from pipelines.jobs import LMJob
     from pipelines.lm.model import PRESETS, ModelConfig
     from pipelines.lm.training import LMTrainConfig
+    from pipelines import summary
     from pipelines.stages import ensure_corpus, ensure_lm
 
     run = RunPaths(args.out)
@@ -185,13 +187,9 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     if source is None:
         source = str(ensure_corpus(run, StoryConfig()) if not run.corpus.is_dir() else run.corpus)
         job = job.replace(corpus=config_from(args, CorpusConfig, _builtin_labels(run.corpus)))
-    summary = ensure_lm(run, source=source, job=job, runtime=runtime, force=args.force)
+    outcome = ensure_lm(run, source=source, job=job, runtime=runtime, force=args.force)
     print(f"model: {run.lm} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model})")
-    print(f"held-out loss {summary['held_out_loss']:.3f} nats, {summary['bits_per_byte']:.3f} bits per byte; "
-          f"unigram entropy {summary['unigram_entropy']:.3f} nats; {summary['tokens_per_s']:,.0f} tokens/s")
-    if "negated_accuracy" in summary:
-        print(f"class of the next lexicon word predicted right: plain {summary['plain_accuracy']:.1%}, "
-              f"after a negation {summary['negated_accuracy']:.1%}")
+    summary.lm(outcome)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -205,66 +203,40 @@ def cmd_convert(args: argparse.Namespace) -> None:
 def cmd_train_saes(args: argparse.Namespace) -> None:
     from pipelines.jobs import SAEJob
     from pipelines.options import job_from
+    from pipelines import summary
     from pipelines.stages import ensure_saes
 
     job = job_from(args, SAEJob)
     ctx = _Context(args)
     metrics = ensure_saes(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
-    cols = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
-    print(metrics[cols].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    summary.sae_metrics(metrics)
     print(f"SAEs in {ctx.run.saes}; metrics in {ctx.run.tables / 'sae_metrics'}")
 
 
-def cmd_circuits(args: argparse.Namespace) -> None:
-    from pipelines.jobs import CircuitsJob
+def cmd_stage(args: argparse.Namespace) -> None:
+    """A table stage's command (`TABLE_STAGES`): its job from the flags, the plan of the
+    chosen layers (usage errors before any work), the stage, and what its command shows."""
+    import importlib
+
     from pipelines.options import job_from
-    from pipelines.stages import ensure_circuits
+    from pipelines.stages import ensure
 
-    job = job_from(args, CircuitsJob)
+    stage = importlib.import_module(f"pipelines.stages.{args.stage}")
+    job = job_from(args, stage.COMMAND.job)
     ctx = _Context(args)
-    job.explicit(ctx.layers)  # a usage error before any work
-    done = ensure_circuits(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
-    print(f"circuit tables for layers {ctx.layers} in {ctx.run.tables} "
-          f"(computed now: {', '.join(done) if done else 'none, all up to date'})")
-
-
-def cmd_features(args: argparse.Namespace) -> None:
-    from pipelines.jobs import FeaturesJob
-    from pipelines.options import job_from
-    from pipelines.stages import ensure_features
-
-    job = job_from(args, FeaturesJob)
-    ctx = _Context(args)
-    job.explicit(ctx.layers)
-    df = ensure_features(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
-    print(f"{len(df)} features described in {ctx.run.tables / 'features'}")
-
-
-def cmd_verdicts(args: argparse.Namespace) -> None:
-    from pipelines.demo import print_summary
-    from pipelines.jobs import VerdictsJob
-    from pipelines.options import job_from
-    from pipelines.stages import ensure_verdicts
-
-    job = job_from(args, VerdictsJob)
-    ctx = _Context(args)
-    job.explicit(ctx.layers)
-    verdicts = ensure_verdicts(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
-    print_summary(verdicts, args.show)
-    print(f"verdicts of layers {ctx.layers} in {ctx.run.tables / 'gate_verdicts'}")
+    plan = job.plan(ctx.run, ctx.inputs, ctx.layers)
+    stage.COMMAND.show(args, ctx.run, plan, ensure(stage.STAGE, ctx.work(), job, plan, ctx.runtime))
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from pipelines.jobs import SAEChoice, VerdictsJob
+    from pipelines.jobs import SiteChoice
     from pipelines.report.page import ReportConfig, write_report
 
     cfg = config_from(args, ReportConfig)
-    choice = config_from(args, SAEChoice)
     ctx = _Context(args)
+    plan = config_from(args, SiteChoice).plan(ctx.run, ctx.inputs, ctx.layers)
     with ctx.runtime.torch_threads():
-        path = write_report(ctx.run, cfg, ctx.inputs, ctx.layers, sae_paths=choice.explicit(ctx.layers),
-                            input_site=config_from(args, VerdictsJob).input_site,
-                            allow_hookless=choice.allow_hookless_saes)
+        path = write_report(ctx.run, cfg, ctx.inputs, plan)
     print(f"report: {path}")
 
 
@@ -330,10 +302,12 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     from circuits.sites import SITES
     from pipelines.data.stories import StoryConfig
     from pipelines.data.tokenizer import TokenizerConfig
-    from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, SAEJob, SAEChoice, VerdictsJob
+    from pipelines.jobs import GraphJob, SAEJob, SiteChoice
     from pipelines.lm.model import PRESETS, ModelConfig
     from pipelines.lm.training import LMTrainConfig
     from pipelines.options import add_job
@@ -390,40 +364,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_job(p, SAEJob)
     p.set_defaults(func=cmd_train_saes)
 
-    p = sub.add_parser("circuits", help="interaction, gate, eigen and low-rank tables per layer",
-                       description="Project each layer's bilinear MLP into its SAEs' bases and write the "
-                                   "interactions, gates, gate_truth, eigen, eigen_inputs, lowrank and "
-                                   "lowrank_samples tables under OUT/tables/. Layers already done from the same "
-                                   "inputs are kept.")
-    _model_options(p, ray=True)
-    add_job(p, CircuitsJob)
-    p.set_defaults(func=cmd_circuits)
-
-    p = sub.add_parser("features", help="describe SAE features (contexts, tokens, logits, labels)",
-                       description="Write OUT/tables/features/ and feature_labels/: frequency, contexts from "
-                                   "distinct documents and several quantiles, token-feature flags, boosted "
-                                   "tokens and, with labels, the share of activation per label class.")
-    _model_options(p, ray=True)
-    add_job(p, FeaturesJob, rename={"n_rows": "rows"})
-    p.set_defaults(func=cmd_features)
-
-    p = sub.add_parser("verdicts", help="rank circuits, find group gates, ablate and judge them",
-                       description="After `circuits` and `features`: flag split pairs and rank each layer's circuit "
-                                   "candidates (circuit_rank), form groups of inputs (what an eigenvector reads; "
-                                   "label classes) and measure their gates on held-out tokens, ablate the best "
-                                   "candidates in the model, and write gate_ablation, group_gates, group_truth, "
-                                   "group_ablation and gate_verdicts under OUT/tables/.")
-    _model_options(p, ray=True)
-    add_job(p, VerdictsJob)
-    p.add_argument("--show", type=int, default=8, help="candidates per layer and kind printed (default: %(default)s)")
-    p.set_defaults(func=cmd_verdicts)
+    for name in TABLE_STAGES:
+        command = importlib.import_module(f"pipelines.stages.{name}").COMMAND
+        p = sub.add_parser(command.name, help=command.help, description=command.description)
+        _model_options(p, ray=True)
+        add_job(p, command.job, rename=command.rename)
+        if command.options is not None:
+            command.options(p)
+        p.set_defaults(func=cmd_stage, stage=name)
 
     p = sub.add_parser("report", help="write the one-page HTML report of a run",
                        description="Write OUT/report/index.html with PNG figures from the run's tables, the "
                                    "model and its SAEs (or the explicit ones the tables were computed with).")
     _model_options(p, corpus=False)
-    add_config(p, SAEChoice)
-    add_config(p, VerdictsJob, only=("input_site",), title="which of the run's circuit tables to report")
+    add_config(p, SiteChoice)
     add_config(p, ReportConfig)
     p.set_defaults(func=cmd_report)
 

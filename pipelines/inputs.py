@@ -21,13 +21,13 @@ from circuits.sae_basis import token_scale
 from pipelines.data.tokenizer import load_tokenizer
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokens import TokenRows, TokenStore, open_token_store
-from pipelines.engine.files import digest, read_json
+from pipelines.engine.files import digest, read_json, text_digest
 from pipelines.engine.paths import ModelPaths, RunPaths
 from pipelines.engine.tables import provenance, table_path
 from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
 from sae.activations import iter_activations
 from sae.io import LoadedSAE, check_sae_point, load_sae
-from circuits.sites import INPUT_SITES, MLP_IN, OUTPUT_SITE, Point
+from circuits.sites import INPUT_SITES, MLP_IN, OUTPUT_SITE, SITES, Point
 
 SAEPaths = tuple[Path, Path | None]  # explicit (input, output) SAE folders of one layer
 
@@ -106,49 +106,95 @@ class LayerSAEs:
     sae_out: LoadedSAE | None
 
 
-def layer_saes(run: RunPaths, inputs: ModelInputs, layer: int, explicit: SAEPaths | None, input_site: str,
-               need_output: bool, allow_hookless: bool = False) -> LayerSAEs:
-    """Load and check a layer's SAEs: explicit paths, or the run's own for `input_site`."""
-    path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, OUTPUT_SITE))
-    d_model = inputs.config.d_model
-    sae_in = load_sae(path_in, inputs.device)
-    sites = INPUT_SITES if explicit else (input_site,)
-    if sae_in.point is None and allow_hookless:
-        sites = (input_site,)
-    site = check_sae_point(sae_in, d_model, layer, sites, "input", allow_hookless)
-    sae_out = None
-    if need_output:
-        if path_out is None:
-            raise ValueError(f"layer {layer}: outputs 'sae' need an output SAE (--sae-out)")
-        sae_out = load_sae(path_out, inputs.device)
-        check_sae_point(sae_out, d_model, layer, (OUTPUT_SITE,), "output", allow_hookless)
-    return LayerSAEs(layer, sae_in, site, sae_out)
+SAE_OUTPUTS = "sae"  # the --outputs entry of the output SAE's features: they get data statistics and verdicts
 
 
-def feature_saes(run: RunPaths, inputs: ModelInputs, layer: int, sites: tuple[str, ...], explicit: SAEPaths | None,
-                 allow_hookless: bool) -> dict[Point, LoadedSAE]:
-    """The SAEs of a layer to describe: explicit ones, or the run's for `sites` that exist."""
-    d_model = inputs.config.d_model
-    found = {}
-    if explicit is not None:
-        path_in, path_out = explicit
-        sae_in = load_sae(path_in, inputs.device)
-        found[(layer, check_sae_point(sae_in, d_model, layer, INPUT_SITES, "input", allow_hookless))] = sae_in
-        if path_out is not None:
-            sae_out = load_sae(path_out, inputs.device)
-            check_sae_point(sae_out, d_model, layer, (OUTPUT_SITE,), "output", allow_hookless)
-            found[(layer, OUTPUT_SITE)] = sae_out
-        return found
-    for site in sites:
-        folder = run.sae(layer, site)
-        if folder.is_dir():
+def outputs_name(spec: str, basis: str) -> str:
+    """The `outputs` column of an output set: the spec, or for SAE features read by their
+    decoder rows `sae-decoder`."""
+    return f"{SAE_OUTPUTS}-decoder" if spec == SAE_OUTPUTS and basis == "decoder" else spec
+
+
+def part_name(input_site: str, spec: str, basis: str) -> str:
+    """File name of one output set's tables within a layer's folder, e.g. `resid_mid-sae`
+    (a spec with a value, `logit:...` or `file:...`, is named by its kind and digest)."""
+    name = outputs_name(spec, basis)
+    if ":" in name:
+        name = spec.split(":", 1)[0] + "-" + text_digest(spec)[:8]
+    return f"{input_site}-{name}"
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which SAEs one layer's analysis reads and where its tables go, resolved once per
+    command (`pipelines.jobs.SAEChoice.plan`) and handed to every stage and the report."""
+
+    layer: int
+    input_site: str  # where the circuit tables' input SAE reads
+    folders: dict[str, Path]  # site -> SAE folder: the ones named (--sae-in/--sae-out), or the run's own
+    explicit: bool = False  # the SAEs were named rather than the run's own
+    allow_hookless: bool = False  # named SAEs that record no hook are taken to read this layer and site
+
+    @property
+    def sae_in(self) -> Path:
+        return self.folders[self.input_site]
+
+    @property
+    def sae_out(self) -> Path | None:
+        return self.folders.get(OUTPUT_SITE)
+
+    @property
+    def part(self) -> str:
+        """The part of the output SAE's features read by their encoder rows: the tables the
+        verdicts, the report and the explorer read."""
+        return part_name(self.input_site, SAE_OUTPUTS, "encoder")
+
+    def has_saes(self) -> bool:
+        """Whether both SAEs exist (a run's own are absent before `train-saes`)."""
+        return self.sae_in.is_dir() and self.sae_out is not None and self.sae_out.is_dir()
+
+    def saes(self, inputs: ModelInputs, need_output: bool = True) -> LayerSAEs:
+        """Load and check the layer's SAEs."""
+        d_model = inputs.config.d_model
+        sae_in = load_sae(self.sae_in, inputs.device)
+        check_sae_point(sae_in, d_model, self.layer, (self.input_site,), "input", self.allow_hookless)
+        sae_out = None
+        if need_output:
+            if self.sae_out is None:
+                raise ValueError(f"layer {self.layer}: outputs 'sae' need an output SAE (--sae-out)")
+            sae_out = load_sae(self.sae_out, inputs.device)
+            check_sae_point(sae_out, d_model, self.layer, (OUTPUT_SITE,), "output", self.allow_hookless)
+        return LayerSAEs(self.layer, sae_in, self.input_site, sae_out)
+
+    def described(self, inputs: ModelInputs, sites: tuple[str, ...]) -> dict[Point, LoadedSAE]:
+        """The SAEs of the layer to describe: the named ones, or the run's of `sites` that exist."""
+        wanted = self.folders if self.explicit else {s: self.folders[s] for s in sites if self.folders[s].is_dir()}
+        if not wanted:
+            raise FileNotFoundError(f"no SAEs of layer {self.layer} in {self.folders[sites[0]].parent} for sites "
+                                    f"{', '.join(sites)}: run `train-saes` first or pass --sae-in/--sae-out")
+        found = {}
+        for site, folder in wanted.items():
             sae = load_sae(folder, inputs.device)
-            check_sae_point(sae, d_model, layer, (site,), "output" if site == OUTPUT_SITE else "input")
-            found[(layer, site)] = sae
-    if not found:
-        raise FileNotFoundError(f"no SAEs of layer {layer} in {run.saes} for sites {', '.join(sites)}: "
-                                "run `train-saes` first or pass --sae-in/--sae-out")
-    return found
+            role = "output" if site == OUTPUT_SITE else "input"
+            check_sae_point(sae, inputs.config.d_model, self.layer, (site,), role, self.allow_hookless)
+            found[(self.layer, site)] = sae
+        return found
+
+
+def plan_layers(run: RunPaths, inputs: ModelInputs, layers: list[int], explicit: SAEPaths | None, input_site: str,
+                allow_hookless: bool = False) -> dict[int, LayerPlan]:
+    """Each layer's plan: the named SAEs (`explicit`, for a single layer; their input site is
+    the one their hook records) or the run's own, read at `input_site`."""
+    if explicit is None:
+        return {layer: LayerPlan(layer, input_site, {site: run.sae(layer, site) for site in SITES})
+                for layer in layers}
+    (layer,) = layers
+    path_in, path_out = explicit
+    sae_in = load_sae(path_in, inputs.device)
+    sites = (input_site,) if sae_in.point is None and allow_hookless else INPUT_SITES
+    site = check_sae_point(sae_in, inputs.config.d_model, layer, sites, "input", allow_hookless)
+    folders = {site: Path(path_in)} | ({OUTPUT_SITE: Path(path_out)} if path_out is not None else {})
+    return {layer: LayerPlan(layer, site, folders, True, allow_hookless)}
 
 
 def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: LayerSAEs, batch_rows: int = 32):
@@ -168,19 +214,19 @@ def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: 
     return batches
 
 
-def check_tables_match(run: RunPaths, layer: int, part: str, sae_in: Path, sae_out: Path | None) -> None:
+def check_tables_match(run: RunPaths, plan: LayerPlan) -> None:
     """Refuse to show a layer's tables next to SAEs other than those they were computed with."""
-    recorded = provenance(table_path(run.tables, "gates", layer, part))
+    recorded = provenance(table_path(run.tables, "gates", plan.layer, plan.part))
     if recorded is None:
         return
-    now = {"sae_in": digest(sae_in)}
-    if sae_out is not None:
-        now["outputs"] = digest(sae_out)
+    now = {"sae_in": digest(plan.sae_in)}
+    if plan.sae_out is not None:
+        now["outputs"] = digest(plan.sae_out)
     changed = [name for name, value in now.items() if recorded["inputs"].get(name) != value]
     if changed:
-        raise ValueError(f"the layer {layer} tables in {run.tables} were computed with other SAEs than "
-                         f"{', '.join(str(p) for p in (sae_in, sae_out) if p)} ({', '.join(changed)} differ); "
-                         "rerun `circuits` with these SAEs or pass the ones the tables were computed with")
+        raise ValueError(f"the layer {plan.layer} tables in {run.tables} were computed with other SAEs than "
+                         f"{', '.join(str(p) for p in (plan.sae_in, plan.sae_out) if p)} ({', '.join(changed)} "
+                         "differ); rerun `circuits` with these SAEs or pass the ones the tables were computed with")
 
 
 RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run

@@ -18,8 +18,9 @@ from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokenizer import TokenizerConfig
+from pipelines.engine.paths import RunPaths
 from pipelines.graph.build import GraphConfig
-from pipelines.inputs import SAEPaths
+from pipelines.inputs import LayerPlan, ModelInputs, plan_layers
 from pipelines.lm.model import ModelConfig
 from pipelines.lm.training import LMTrainConfig
 from sae.config import SAETrainConfig
@@ -56,27 +57,42 @@ class SAEChoice(Config):
     allow_hookless_saes: bool = option(False, "accept SAEs that record no hook, taking them to read the given layer "
                                               "and site", runtime=True)
 
-    def explicit(self, layers: list[int]) -> dict[int, SAEPaths] | None:
-        """The named SAE folders of the single chosen layer, if any were named."""
-        if not (self.sae_in or self.sae_out):
-            return None
-        if not self.sae_in or len(layers) != 1:
-            raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
-        return {layers[0]: (Path(self.sae_in), Path(self.sae_out) if self.sae_out else None)}
+    def plan(self, run: RunPaths, inputs: ModelInputs, layers: list[int]) -> dict[int, LayerPlan]:
+        """Each layer's plan (`pipelines.inputs.LayerPlan`): the named SAE folders of the
+        single chosen layer, or the run's own read at `read_site()`."""
+        explicit = None
+        if self.sae_in or self.sae_out:
+            if not self.sae_in or len(layers) != 1:
+                raise ValueError("--sae-in (with --sae-out for SAE outputs) goes with a single --layer")
+            explicit = (Path(self.sae_in), Path(self.sae_out) if self.sae_out else None)
+        return plan_layers(run, inputs, layers, explicit, self.read_site(), self.allow_hookless_saes)
+
+    def read_site(self) -> str:
+        """Where the run's own input SAEs are read (and a named one that records no hook)."""
+        return DEFAULT_INPUT_SITE
 
 
 @dataclass(frozen=True)
-class CircuitsJob(SAEChoice):
+class SiteChoice(SAEChoice):
+    """Which SAEs an analysis reads, and at which input site the run's own are read."""
+
+    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs to read", choices=INPUT_SITES)
+
+    def read_site(self) -> str:
+        return self.input_site
+
+
+@dataclass(frozen=True)
+class CircuitsJob(SiteChoice):
     """What `circuits` computes for each layer."""
 
-    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs to use", choices=INPUT_SITES)
     outputs: tuple[str, ...] = option(("sae",), "output directions: sae (the output SAE's features), hosvd, "
                                                 "logit:GOOD-BAD or logit:WORD (unembedding directions), file:PATH "
                                                 "(.npy/.safetensors)")
     output_basis: str = option("encoder", "read SAE outputs by their encoder rows (exact pre-activations) or decoder "
                                           "rows", choices=OUTPUT_BASES)
     corr_rows: int = option(1024, "held-out rows for correlations, gate statistics and truth tables", low=1)
-    circuits: CircuitConfig = option(doc="the per-layer analysis", factory=CircuitConfig)
+    analysis: CircuitConfig = option(doc="the per-layer analysis", factory=CircuitConfig)
 
 
 @dataclass(frozen=True)
@@ -84,18 +100,17 @@ class FeaturesJob(SAEChoice):
     """What `features` describes."""
 
     sites: tuple[str, ...] = option(SITES, "the run's SAE sites to describe, where they exist")
-    features: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
+    description: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
 
     def check(self) -> None:
         _check_sites(self.sites, SITES)
 
 
 @dataclass(frozen=True)
-class VerdictsJob(SAEChoice):
+class VerdictsJob(SiteChoice):
     """What `verdicts` checks for each layer."""
 
-    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs the circuit tables read", choices=INPUT_SITES)
-    verdicts: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
+    rules: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,9 @@ class GraphJob(SAEChoice):
     """What `graph` builds: attribution graphs from the run's SAEs or those of one --layer."""
 
     graph: GraphConfig = option(doc="attribution graphs", factory=GraphConfig)
+
+    def read_site(self) -> str:
+        return self.graph.input_site
 
 
 def _check_sites(sites: tuple[str, ...], known: tuple[str, ...]) -> None:

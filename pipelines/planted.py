@@ -1,6 +1,6 @@
 """A planted-circuit world: a one-layer bilinear LM whose gates, and the input groups they
 join, are known, for scoring what the toolkit finds (`benchmarks/bench_planted_circuits.py`
-and `tests/test_planted_circuits.py`).
+and `tests/test_planted_benchmark.py`).
 
 Every token id carries a fixed sparse code over `n_inputs` input features, written into its
 embedding along random unit directions (`n_inputs > d_model`: superposition); attention is

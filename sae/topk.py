@@ -30,7 +30,7 @@ off and `apply_b_dec_to_input` on, trained by `SAETrainer`:
   not fired for more than `dead_steps` steps; the top `k_aux` (default d_in // 2)
   pre-activations among the dead latents, raw (no ReLU), decode without `b_dec` into an
   estimate of the detached residual `x - x_hat`; the loss is the squared error (summed
-  over d_in, averaged over tokens) times `aux_coefficient * min(n_dead / k_aux, 1)`. Like
+  over d_in, averaged over tokens) times `aux_k_coefficient * min(n_dead / k_aux, 1)`. Like
   sae-lens and unlike OpenAI and sparsify, it is not divided by the variance.
 - the gradient's total norm is clipped to 1.0 (sae-lens hard-codes that value);
   the decoder's rows are rescaled to unit norm after every step (the gradient is not
@@ -270,7 +270,7 @@ def _dead_latents(
 
 
 def training_losses(
-    sae: TopKSAE, x: Tensor, dead: Tensor | None = None, k_aux: int | None = None, aux_coefficient: float = 1 / 32,
+    sae: TopKSAE, x: Tensor, dead: Tensor | None = None, k_aux: int | None = None, aux_k_coefficient: float = 1 / 32,
     sync_free: bool = False, pre_out: Tensor | None = None,
 ) -> Losses:
     """The TopK reconstruction loss and the aux-k loss of `sae` on x `[batch, d_in]`.
@@ -294,17 +294,17 @@ def training_losses(
     if live is not None:
         aux_values = aux_values * live
     residual = (x - recon).detach()
-    aux_loss = aux_coefficient * scale * reconstruction_loss(residual, decode_rows(aux_values, aux_indices, sae.W_dec))
+    aux_loss = aux_k_coefficient * scale * reconstruction_loss(residual, decode_rows(aux_values, aux_indices, sae.W_dec))
     return Losses(mse, aux_loss, values, top)
 
 
-def cosine_lr(step: int, total_steps: int, lr: float, lr_end: float = 0.0, warmup_steps: int = 0) -> float:
+def cosine_lr(step: int, train_steps: int, lr: float, lr_end: float = 0.0, warmup_steps: int = 0) -> float:
     """The learning rate of step `step` (0-based), as sae-lens's "cosineannealing" schedule:
     `lr * (step + 1) / warmup_steps` during warm-up, then a cosine from `lr` to `lr_end`
     over the remaining steps, `lr_end` after them."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
-    span = max(1, total_steps - warmup_steps)
+    span = max(1, train_steps - warmup_steps)
     t = min(step - warmup_steps, span)
     return lr_end + (lr - lr_end) * (1 + math.cos(math.pi * t / span)) / 2
 
@@ -318,16 +318,16 @@ class TopKTrainer:
     everything a resumed run needs to continue bitwise identically on the same device.
     """
 
-    def __init__(self, sae: TopKSAE, total_steps: int, lr: float, lr_end: float = 0.0, warmup_steps: int = 0,
+    def __init__(self, sae: TopKSAE, train_steps: int, lr: float, lr_end_fraction: float = 0.0, warmup_steps: int = 0,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), max_grad_norm: float = 1.0,
-                 aux_coefficient: float = 1 / 32, k_aux: int | None = None, dead_steps: int = 1000) -> None:
-        if total_steps < 1:
-            raise ValueError(f"total_steps must be at least 1, got {total_steps}")
+                 aux_k_coefficient: float = 1 / 32, k_aux: int | None = None, dead_steps: int = 1000) -> None:
+        if train_steps < 1:
+            raise ValueError(f"train_steps must be at least 1, got {train_steps}")
         self.sae = sae
         self.settings = dict(
-            d_in=sae.d_in, d_sae=sae.d_sae, k=sae.k, total_steps=total_steps, lr=lr, lr_end=lr_end,
+            d_in=sae.d_in, d_sae=sae.d_sae, k=sae.k, train_steps=train_steps, lr=lr, lr_end_fraction=lr_end_fraction,
             warmup_steps=warmup_steps, weight_decay=weight_decay, betas=tuple(betas), max_grad_norm=max_grad_norm,
-            aux_coefficient=aux_coefficient, k_aux=k_aux if k_aux is not None else sae.d_in // 2,
+            aux_k_coefficient=aux_k_coefficient, k_aux=k_aux if k_aux is not None else sae.d_in // 2,
             dead_steps=dead_steps,
         )
         device = sae.W_enc.device
@@ -350,7 +350,7 @@ class TopKTrainer:
     def next_lr(self) -> float:
         """The learning rate of the next step."""
         s = self.settings
-        return cosine_lr(self.steps, s["total_steps"], s["lr"], s["lr_end"], s["warmup_steps"])
+        return cosine_lr(self.steps, s["train_steps"], s["lr"], s["lr"] * s["lr_end_fraction"], s["warmup_steps"])
 
     def step(self, batch: Tensor, stats: bool = True) -> dict[str, float]:
         """One optimiser step on batch `[batch_size, d_in]`.
@@ -372,7 +372,7 @@ class TopKTrainer:
         dead = self.dead if self.steps > s["dead_steps"] else None
         if self._pre.shape[0] != x.shape[0]:
             self._pre = self._pre.new_empty(x.shape[0], sae.d_sae)
-        losses = training_losses(sae, x, dead, s["k_aux"], s["aux_coefficient"], self.sync_free, self._pre)
+        losses = training_losses(sae, x, dead, s["k_aux"], s["aux_k_coefficient"], self.sync_free, self._pre)
         self.optimizer.zero_grad(set_to_none=True)
         (losses.mse + losses.aux).backward()
         torch.nn.utils.clip_grad_norm_(self.params, s["max_grad_norm"])

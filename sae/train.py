@@ -37,8 +37,8 @@ def build_trainers(points: list[Point], d_in: int, cfg: SAETrainConfig, device: 
         sae = TopKSAE(d_in, cfg.expansion * d_in, cfg.k, device=device,
                       seed=cfg.seed * 1000 + layer * len(SITES) + SITES.index(site))
         trainers[point] = TopKTrainer(
-            sae, total_steps=cfg.train_steps, lr=cfg.lr, lr_end=cfg.lr * cfg.lr_end_fraction,
-            weight_decay=cfg.weight_decay, aux_coefficient=cfg.aux_k_coefficient,
+            sae, train_steps=cfg.train_steps, lr=cfg.lr, lr_end_fraction=cfg.lr_end_fraction,
+            weight_decay=cfg.weight_decay, aux_k_coefficient=cfg.aux_k_coefficient,
             dead_steps=max(1, cfg.dead_after_tokens // cfg.batch_size),
         )
     return trainers

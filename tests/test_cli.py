@@ -95,14 +95,14 @@ def _verdict_files(run: Path) -> dict[str, Path]:
 
 
 def test_cli_verdicts_equal_the_stage_called_as_the_demo_does(run, tmp_path):
-    """`bilinear-circuits verdicts` (the fixture ran it) and `ensure_verdicts` called with
+    """`bilinear-circuits verdicts` (the fixture ran it) and the verdicts stage called with
     the job built from the same settings, as the demo calls it, write the same tables."""
     from pipelines.analysis.verdicts import VerdictConfig
     from pipelines.engine.paths import RunPaths
     from pipelines.inputs import ModelInputs, StageInputs, trained_corpus
     from pipelines.jobs import VerdictsJob
     from pipelines.runtime import Runtime
-    from pipelines.stages import ensure_tokens, ensure_verdicts
+    from pipelines.stages import VERDICTS, ensure, ensure_tokens
 
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
@@ -117,8 +117,8 @@ def test_cli_verdicts_equal_the_stage_called_as_the_demo_does(run, tmp_path):
     lm = ModelInputs(paths.lm, "cpu")
     source, corpus = trained_corpus(paths.lm)
     work = StageInputs(paths, lm, ensure_tokens(paths, source, lm.tokenizer, lm.config.n_ctx, corpus))
-    job = VerdictsJob(verdicts=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64))
-    returned = ensure_verdicts(work, job=job, layers=[0, 1], runtime=Runtime(threads=1, device="cpu"))
+    job = VerdictsJob(rules=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64))
+    returned = ensure(VERDICTS, work, job, job.plan(paths, lm, [0, 1]), Runtime(threads=1, device="cpu"))
 
     cli, direct = _verdict_files(run), _verdict_files(copy)
     assert sorted(cli) == sorted(direct) and len(cli) == 2 * len(VERDICT_TABLES)
@@ -271,8 +271,8 @@ def test_demo_seed_reaches_every_stage():
     seeds = _seeds(DemoConfig.small().with_seed(5))
     # the model's initialisation is seeded by lm.train.seed (train_lm replaces lm.model.seed with it)
     seeds.pop("lm.model.seed")
-    assert {"stories.seed", "lm.corpus.split_seed", "lm.train.seed", "saes.sae.seed", "circuits.circuits.seed",
-            "features.features.seed", "verdicts.verdicts.seed"} <= set(seeds)
+    assert {"stories.seed", "lm.corpus.split_seed", "lm.train.seed", "saes.sae.seed", "circuits.analysis.seed",
+            "features.description.seed", "verdicts.rules.seed"} <= set(seeds)
     assert set(seeds.values()) == {5}, seeds
 
 
@@ -365,7 +365,7 @@ def test_demo_small_prints_only_ablated_candidates(demo):
     groups = [c for c in printed if c["section"] == "group"]
     # the n_ablate best of each of the two layers, and any negation gate beyond them (which the
     # small demo's labels may not yield; test_verdicts checks that one is chosen for ablation)
-    assert len(pairs) >= 2 * DemoConfig.small().verdicts.verdicts.n_ablate
+    assert len(pairs) >= 2 * DemoConfig.small().verdicts.rules.n_ablate
     assert groups and all(c["kind"] == "group" for c in groups) and all(c["kind"] == "pair" for c in pairs)
     rows = verdicts.set_index(["kind", "layer", "circuit_rank"])
     pair_ablation = pd.read_parquet(run / "tables" / "gate_ablation")

@@ -1,11 +1,17 @@
 """The bilinear LM: its MLP is exactly bilinear, it saves and loads, it can be hooked."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from pipelines.lm.model import PRESETS, ModelConfig, build_model, load_model, model_digest, save_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -106,3 +112,17 @@ def test_non_finite_weights_are_refused(model, tmp_path):
     save_model(model, PRESETS["tiny"], tmp_path)
     with pytest.raises(ValueError, match="W_O"):
         load_model(tmp_path)
+
+
+def test_importing_the_model_module_leaves_transformer_lens_alone():
+    # the identity activation is registered where a model is built (or loaded), once, not as a
+    # side effect of an import: a fresh interpreter shows what importing alone does
+    code = """import transformer_lens.utilities.activation_functions as tl
+import pipelines.lm.model as lm
+assert "identity" not in tl.SUPPORTED_ACTIVATIONS, "registered on import"
+lm.build_model(lm.PRESETS["tiny"])
+assert tl.SUPPORTED_ACTIVATIONS["identity"] is lm.identity
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

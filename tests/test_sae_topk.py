@@ -133,7 +133,7 @@ def test_loss_and_gradients_equal_sae_lens_topk_training_sae():
     step = TrainStepInput(sae_in=x, coefficients={}, dead_neuron_mask=dead, n_training_steps=0, is_logging_step=False)
     out = theirs.training_forward_pass(step)
     out.loss.backward()
-    losses = training_losses(ours, x, dead, aux_coefficient=coefficient)
+    losses = training_losses(ours, x, dead, aux_k_coefficient=coefficient)
     assert losses.aux.item() > 0
     torch.testing.assert_close(losses.mse, out.losses["mse_loss"], rtol=1e-9, atol=0)
     torch.testing.assert_close(losses.aux, out.losses["auxiliary_reconstruction_loss"], rtol=1e-9, atol=0)
@@ -175,7 +175,7 @@ def test_planted_dictionary_is_recovered(one_thread):
     atoms, batches = planted_batches(d=32, n_atoms=64, active=3, batch=256, seed=0)
     sae = TopKSAE(32, 128, k=4, seed=0)
     steps = 1200
-    trainer = TopKTrainer(sae, total_steps=steps, lr=2e-3, dead_steps=50)
+    trainer = TopKTrainer(sae, train_steps=steps, lr=2e-3, dead_steps=50)
     for _ in range(steps - 1):
         trainer.step(next(batches), stats=False)
     last = trainer.step(next(batches))
@@ -196,7 +196,7 @@ def test_planted_dictionary_is_recovered(one_thread):
 
 def test_trainer_settings_hold():
     sae = TopKSAE(16, 64, 4)
-    trainer = TopKTrainer(sae, total_steps=10, lr=1e-2, weight_decay=0.01)
+    trainer = TopKTrainer(sae, train_steps=10, lr=1e-2, weight_decay=0.01)
     assert isinstance(trainer.optimizer, torch.optim.AdamW)
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01
     assert {id(p) for p in trainer.optimizer.param_groups[0]["params"]} == {id(getattr(sae, n)) for n in PARAMS}
@@ -218,7 +218,7 @@ def train(trainer: TopKTrainer, batches: list[torch.Tensor]) -> list[dict[str, f
 
 def test_resume_is_bitwise_identical(tmp_path):
     def fresh() -> TopKTrainer:
-        return TopKTrainer(TopKSAE(16, 64, 4, seed=1), total_steps=40, lr=3e-3, warmup_steps=3,
+        return TopKTrainer(TopKSAE(16, 64, 4, seed=1), train_steps=40, lr=3e-3, warmup_steps=3,
                            weight_decay=0.01, dead_steps=3)
 
     _, stream = planted_batches(d=16, n_atoms=12, active=2, batch=64, seed=4)
@@ -247,16 +247,16 @@ def test_resume_is_bitwise_identical(tmp_path):
 
 
 def test_resume_refuses_other_settings():
-    trainer = TopKTrainer(TopKSAE(16, 64, 4), total_steps=10, lr=1e-3)
-    other = TopKTrainer(TopKSAE(16, 64, 4), total_steps=20, lr=1e-3)
-    with pytest.raises(ValueError, match="total_steps"):
+    trainer = TopKTrainer(TopKSAE(16, 64, 4), train_steps=10, lr=1e-3)
+    other = TopKTrainer(TopKSAE(16, 64, 4), train_steps=20, lr=1e-3)
+    with pytest.raises(ValueError, match="train_steps"):
         other.load_state_dict(trainer.state_dict())
 
 
 def test_sae_lens_loads_ours_and_encodes_identically(tmp_path):
     _, stream = planted_batches(d=16, n_atoms=24, active=3, batch=128, seed=9)
     sae = TopKSAE(16, 64, 4, seed=2)
-    trainer = TopKTrainer(sae, total_steps=30, lr=1e-2)
+    trainer = TopKTrainer(sae, train_steps=30, lr=1e-2)
     for _ in range(30):
         trainer.step(next(stream), stats=False)
     folder = save_sae_lens(sae, tmp_path / "layer0_mlp_out", {"hook_name": "blocks.0.hook_mlp_out"})

@@ -24,7 +24,7 @@ from circuits.layer import CircuitConfig, Outputs, hosvd_outputs
 from circuits.sae_basis import output_directions
 from circuits.weights import MLPWeights
 from pipelines.data.tokenizer import WORD_START
-from pipelines.inputs import LayerSAEs, ModelInputs
+from pipelines.inputs import SAE_OUTPUTS, LayerSAEs, ModelInputs, outputs_name
 
 
 def parse_outputs(specs: list[str], basis: str, inputs: ModelInputs, mlp: MLPWeights, saes: LayerSAEs,
@@ -32,10 +32,9 @@ def parse_outputs(specs: list[str], basis: str, inputs: ModelInputs, mlp: MLPWei
     """The `Outputs` of each spec (see the module docstring)."""
     out = []
     for spec in specs:
-        if spec == "sae":
+        if spec == SAE_OUTPUTS:
             w = saes.sae_out.weights
-            name = "sae" if basis == "encoder" else "sae-decoder"
-            out.append(Outputs(name, output_directions(w.W_enc, w.W_dec, basis), sae=w))
+            out.append(Outputs(outputs_name(spec, basis), output_directions(w.W_enc, w.W_dec, basis), sae=w))
         elif spec == "hosvd":
             out.append(hosvd_outputs(mlp, cfg.n_hosvd))
         elif spec.startswith("logit:"):

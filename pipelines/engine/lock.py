@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import LOCK, RunPaths
 
 _held: dict[Path, int] = {}
 
@@ -82,10 +82,9 @@ def run_lock(root: str | Path, stage: str, create: bool = True) -> Iterator[None
 
 def _remove_bare(root: Path, top: Path) -> None:
     """Remove `root`, and its parents up to `top`, if the lock file is all they hold."""
-    lock = RunPaths(root).lock
-    if [p.name for p in root.iterdir()] != [lock.name]:
+    if [p.name for p in root.iterdir()] != [LOCK]:
         return
-    lock.unlink()
+    RunPaths(root).lock.unlink()
     folder = root
     while True:
         try:

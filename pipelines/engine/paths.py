@@ -31,6 +31,7 @@ TRAIN_STATE = "train_state.pt"
 SUMMARY = "summary.json"  # held-out loss, bits per byte, behaviour
 TOKEN_COUNTS = "token_counts.npy"  # in a model folder and in a token store
 TRAINED_CORPUS = "corpus.json"  # the corpus the model was trained on, for later stages' defaults
+GRAPH_METADATA = "graph-metadata.json"  # circuit-tracer's index of the graphs in a folder
 # the built-in corpus
 CORPUS_PART = "part.parquet"
 LEXICON = "lexicon.tsv"

@@ -24,7 +24,7 @@ from circuits.config import Config, option
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tokenizer import BOS, display_token
 from pipelines.engine.paths import RunPaths
-from pipelines.inputs import ModelInputs, SAEPaths, layer_saes
+from pipelines.inputs import LayerPlan, ModelInputs
 
 
 @dataclass(frozen=True)
@@ -102,23 +102,20 @@ def target_id(target: str, tokenizer) -> int:
     raise ValueError(f"--target {target!r} is not a token of the vocabulary (it splits into {pieces})")
 
 
-def load_layer_saes(run: RunPaths, inputs: ModelInputs, input_site: str, explicit: dict[int, SAEPaths] | None,
-                    allow_hookless: bool) -> dict[int, LayerSAETensors]:
-    """The SAEs of every layer that has both sides (the run's, or the explicit ones of one layer),
-    checked to read this model's layer and site; float64."""
+def load_layer_saes(run: RunPaths, inputs: ModelInputs, plan: dict[int, LayerPlan]) -> dict[int, LayerSAETensors]:
+    """The SAEs of every planned layer that has both sides (the run's, or the named ones of one
+    layer), checked to read this model's layer and site; float64."""
     found = {}
-    for layer in range(inputs.config.n_layers):
-        paths = explicit.get(layer) if explicit else None
-        if explicit and paths is None:
+    for layer, mine in plan.items():
+        if not (mine.explicit or mine.has_saes()):
             continue
-        if paths is None and not (run.sae(layer, input_site).is_dir() and run.sae(layer, OUTPUT_SITE).is_dir()):
-            continue
-        s = layer_saes(run, inputs, layer, paths, input_site, need_output=True, allow_hookless=allow_hookless)
+        s = mine.saes(inputs)
         found[layer] = LayerSAETensors(s.sae_in.weights.to(torch.float64), s.input_site,
                                        s.sae_out.weights.to(torch.float64))
     if not found:
-        raise FileNotFoundError(f"no pairs of {input_site} and mlp_out SAEs in {run.saes}: run `train-saes` first or "
-                                "pass --sae-in and --sae-out with --layer")
+        sites = sorted({mine.input_site for mine in plan.values()})
+        raise FileNotFoundError(f"no pairs of {' or '.join(sites)} and {OUTPUT_SITE} SAEs in {run.saes}: run "
+                                "`train-saes` first or pass --sae-in and --sae-out with --layer")
     return found
 
 

@@ -18,10 +18,10 @@ import torch
 from circuits.attribution import INPUT, INPUT_ERROR, KINDS, LOGIT, OUTPUT, OUTPUT_ERROR, TOKEN
 from circuits.sites import OUTPUT_SITE
 from pipelines.engine.files import read_json, write_json
+from pipelines.engine.paths import GRAPH_METADATA
 from pipelines.graph.build import PromptGraph
 from pipelines.schemas import write
 
-METADATA_FILE = "graph-metadata.json"
 FEATURES_FOLDER = "features"
 SCAN = "./graph_data/" + FEATURES_FOLDER  # the viewer fetches `<scan>/<feature>.json`; the server maps graph_data/
 
@@ -182,6 +182,6 @@ def write_graph(pg: PromptGraph, folder: Path, tables: Path, features: pd.DataFr
 
 def add_metadata(folder: Path, metadata: dict) -> None:
     """Add (or replace, by slug) one graph's entry in `graph-metadata.json`, the viewer's index."""
-    current = read_json(folder / METADATA_FILE) or {"graphs": []}
+    current = read_json(folder / GRAPH_METADATA) or {"graphs": []}
     graphs = [g for g in current["graphs"] if g["slug"] != metadata["slug"]] + [metadata]
-    write_json(folder / METADATA_FILE, {"graphs": graphs})
+    write_json(folder / GRAPH_METADATA, {"graphs": graphs})

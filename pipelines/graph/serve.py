@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from pipelines.engine.paths import GRAPH_METADATA
+
 DEFAULT_PORT = 8032  # circuit-tracer's
 
 
@@ -14,7 +16,7 @@ def graph_server(folder: Path, port: int = DEFAULT_PORT, host: str = "127.0.0.1"
     call `serve_forever()` on it, `shutdown()` and `server_close()` to stop it."""
     from circuit_tracer.frontend.local_server import DEFAULT_FRONTEND_DIR, CircuitGraphHandler, ReusableTCPServer
 
-    if not (Path(folder) / "graph-metadata.json").is_file():
+    if not (Path(folder) / GRAPH_METADATA).is_file():
         raise FileNotFoundError(f"no graphs in {folder}: run `bilinear-circuits graph --prompt TEXT` first")
     handler = functools.partial(CircuitGraphHandler, frontend_dir=str(DEFAULT_FRONTEND_DIR), data_dir=str(folder))
     return ReusableTCPServer((host, port), handler)

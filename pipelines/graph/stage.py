@@ -18,8 +18,9 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
     """Build and write the graph of each prompt under `run.graphs` and `run.tables`. `job` is a
     `GraphJob`; explicit SAEs (--sae-in/--sae-out) are those of `layer`."""
     cfg = job.graph
-    explicit = job.explicit([] if layer is None else [layer])
-    saes = load_layer_saes(run, inputs, cfg.input_site, explicit, job.allow_hookless_saes)
+    named = (job.sae_in or job.sae_out) and layer is not None
+    layers = [layer] if named else list(range(inputs.config.n_layers))
+    saes = load_layer_saes(run, inputs, job.plan(run, inputs, layers))
     model = float64_model(inputs)
     if cfg.target is not None:  # a bad target is a usage error before any work
         target_id(cfg.target, inputs.tokenizer)

@@ -29,7 +29,10 @@ def identity(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-SUPPORTED_ACTIVATIONS["identity"] = identity
+def _register_identity() -> None:
+    """Teach TransformerLens (3.9 has no identity activation) the bilinear MLP's, once, where
+    a model's config is made rather than as a side effect of importing this module."""
+    SUPPORTED_ACTIVATIONS.setdefault("identity", identity)
 
 @dataclass(frozen=True)
 class ModelConfig(Config):
@@ -63,6 +66,7 @@ PRESETS: dict[str, ModelConfig] = {
 
 def hooked_config(cfg: ModelConfig, seed: int | None = None) -> HookedTransformerConfig:
     """The TransformerLens config of a bilinear LM of shape `cfg`."""
+    _register_identity()
     return HookedTransformerConfig(
         n_layers=cfg.n_layers,
         d_model=cfg.d_model,

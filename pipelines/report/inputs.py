@@ -50,8 +50,9 @@ class ReportData:
         return self.table("gate_verdicts")
 
     @property
-    def has_ground_truth(self) -> bool:
-        """Whether the verdicts could label negation gates (the corpus has such labels)."""
+    def negation_judged(self) -> bool:
+        """Whether the verdicts judged which gates are negation gates (the `negation_gate`
+        column has values: the corpus has negation and context labels)."""
         v = self.verdicts
         return v is not None and len(v) > 0 and v["negation_gate"].notna().any()
 

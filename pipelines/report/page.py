@@ -20,14 +20,14 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from circuits.config import Config, option
-from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE, SITES
+from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
+from pipelines import summary
 from pipelines.engine.files import atomic_dir
 from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.report import figures
-from pipelines.inputs import LayerSAEs, ModelInputs, SAEPaths, check_tables_match, layer_saes
+from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_match
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
-METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_score",
                      "contribution_share", "coactivation", "and_data", "split_pair", "drop_a", "drop_b", "verdict",
                      "negation_gate", "out_description", "a_description", "b_description"]
@@ -45,22 +45,19 @@ class ReportConfig(Config):
     dpi: int = option(100, "resolution of the PNG figures", low=20)
 
 
-def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: list[int], *,
-                 sae_paths: dict[int, SAEPaths] | None = None, input_site: str = DEFAULT_INPUT_SITE,
-                 allow_hookless: bool = False) -> Path:
-    """Write the report of `layers` (see the module docstring); returns the page's path.
+def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, plan: dict[int, LayerPlan]) -> Path:
+    """Write the report of the planned layers (see the module docstring); returns the page's path.
 
-    `inputs` is the model the tables were computed with; `sae_paths[layer]` are explicit
-    SAEs, checked against those the tables record (`allow_hookless`: as in `layer_saes`).
+    `inputs` is the model the tables were computed with; the plan's SAEs, where they exist,
+    are checked against those the tables record.
     """
-    data = load_report_data(run, layers, input_site, inputs.folder)
+    layers = list(plan)
+    data = load_report_data(run, layers, next(iter(plan.values())).input_site, inputs.folder)
     saes = {}
-    for layer in layers:
-        explicit = (sae_paths or {}).get(layer)
-        path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, OUTPUT_SITE))
-        if Path(path_in).is_dir() and path_out is not None and Path(path_out).is_dir():
-            saes[layer] = layer_saes(run, inputs, layer, explicit, input_site, True, allow_hookless)
-            check_tables_match(run, layer, f"{input_site}-sae", Path(path_in), Path(path_out))
+    for layer, mine in plan.items():
+        if mine.has_saes():
+            saes[layer] = mine.saes(inputs)
+            check_tables_match(run, mine)
     steps = tqdm(total=4 + len(layers), desc="report", unit="step")
     with atomic_dir(run.report) as folder:
         pictures = _Pictures(folder, cfg.dpi)
@@ -121,7 +118,7 @@ def _metrics(data: ReportData) -> list[dict] | None:
     if metrics is None:
         return None
     order = metrics.assign(_site=metrics["site"].map(SITES.index))
-    return order.sort_values(["layer", "_site"])[METRIC_COLUMNS].to_dict("records")
+    return order.sort_values(["layer", "_site"])[summary.METRIC_COLUMNS].to_dict("records")
 
 
 def _correlations(data: ReportData, pictures: _Pictures, cfg: ReportConfig) -> dict | None:
@@ -166,7 +163,7 @@ def _layer_section(data: ReportData, layer: int, pictures: _Pictures, cfg: Repor
         rows = mine[mine["kind"] == kind]
         section["kinds"].append({"title": title, "rows": rows.head(cfg.n_candidates)[CANDIDATE_COLUMNS].to_dict("records")})
         chosen = [("best", r) for r in rows.head(cfg.cards_per_layer).to_dict("records")]
-        if data.has_ground_truth:
+        if data.negation_judged:
             chosen += [("negation gate", r) for r in rows[rows["negation_gate"].fillna(False).astype(bool)].head(1)
                        .to_dict("records")]
         for why, row in chosen:
