@@ -446,18 +446,30 @@ def _run(args: argparse.Namespace) -> int:
             if after is not None:  # what a command does once the run is free again
                 after()
     except KeyboardInterrupt:
-        print("\ninterrupted: finished work and the last checkpoint are kept; run the same command again to "
+        _close_bars()
+        print("interrupted: finished work and the last checkpoint are kept; run the same command again to "
               "continue", file=sys.stderr)
         return 130
     except (FileNotFoundError, ValueError, PermissionError, RunBusyError, NotADirectoryError, FileExistsError,
             TaskFailed) as err:
         if args.debug:
             raise
+        _close_bars()
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
         if args.debug:
             raise
+        _close_bars()
         print(f"error: {err.strerror or err} ({err.filename or ''})", file=sys.stderr)
         return 2
     return 0
+
+
+def _close_bars() -> None:
+    """End the progress bars of the work an error cut short, so that the error's line is a
+    line of its own (an open bar would have it glued on, and print again after it)."""
+    from tqdm.std import tqdm
+
+    for bar in list(tqdm._instances):
+        bar.close()

@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import math
 import pkgutil
+import re
 import typing
 from pathlib import Path
 
@@ -207,3 +208,72 @@ def test_a_null_byte_in_a_request_is_answered_not_raised(tmp_path, capsys, path)
         server.shutdown()
         server.server_close()
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ 6, 10, 14. corpus spans and lexicon lines
+
+
+def _jsonl(path: Path, spans: list, line: int = 11, n: int = 30) -> Path:
+    """A JSONL corpus of `n` good documents and, at `line`, one with `spans`."""
+    import json
+
+    good = [json.dumps({"text": f"Tom was happy on day {i}. He did not like rain."}) for i in range(n)]
+    bad = json.dumps({"text": "Sam was sad.", "spans": spans})
+    path.write_text("\n".join(good[:line - 1] + [bad] + good[line - 1:]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("spans", [[{"start": 0, "end": 5}], [[0, 5]], [["a", "b", "negation"]], [[-1, 3, "x"]],
+                                   [[0, 99, "x"]], [[5, 2, "x"]], [[0, 3, ""]], [7], [[True, 3, "x"]]])
+def test_a_bad_span_names_the_file_the_line_and_what_a_span_holds(tmp_path, capsys, spans):
+    corpus = _jsonl(tmp_path / "corpus.jsonl", spans)
+    err = _error(capsys, ["train-lm", "--out", str(tmp_path / "run"), "--corpus", str(corpus), "--preset", "tiny"])
+    assert str(corpus) in err and "line 11" in err and "start" in err and "end" in err and "label" in err
+
+
+def test_good_spans_are_read_at_their_characters():
+    from pipelines.data.corpus import CorpusConfig, iter_documents
+
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "c.jsonl"
+        path.write_text(json.dumps({"text": "Sam was sad.", "spans": [[0, 3, "name"], {"start": 8, "end": 11,
+                                                                                         "label": "mood"}]}) + "\n")
+        docs = next(iter_documents(str(path), CorpusConfig()))
+    assert docs.spans == [[(0, 3, "name"), (8, 11, "mood")]]
+
+
+def test_an_error_after_a_progress_bar_starts_on_its_own_line(tmp_path, capsys):
+    from pipelines.data.corpus import BATCH_DOCS
+
+    # the tokenizer learns from the first batch of documents: the bad line, in the second, is met while the
+    # tokenize bar is open
+    corpus = _jsonl(tmp_path / "corpus.jsonl", [[5, 2, "x"]], line=BATCH_DOCS + 2, n=BATCH_DOCS + 10)
+    assert main(["train-lm", "--out", str(tmp_path / "run"), "--corpus", str(corpus), "--preset", "tiny",
+                 "--train-docs", "5", "--vocab-size", "300"]) == 2
+    err = capsys.readouterr().err
+    assert "tokenize" in err and f"line {BATCH_DOCS + 2}" in err
+    assert "\nerror: " in "\n" + err and not re.search(r"[^\n]error: ", err), err
+
+
+@pytest.mark.parametrize("line, what", [("\tpositive", "word"), ("nice\t", "class")])
+def test_a_lexicon_line_with_an_empty_word_or_class_names_the_file_and_line(tmp_path, line, what):
+    from pipelines.data.labels import read_lexicon
+
+    path = tmp_path / "words.tsv"
+    path.write_text(f"good\tpositive\n{line}\nbad\tnegative\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}, line 2: .*empty {what}"):
+        read_lexicon(path)
+
+
+def test_skipped_lexicon_lines_are_counted(tmp_path, capsys):
+    from pipelines.data.labels import read_lexicon
+
+    path = tmp_path / "words.tsv"
+    path.write_text("good\tpositive\nvery good\tpositive\nmeh\t0\nlonely\nbad\tnegative\n# note\n")
+    assert read_lexicon(path) == {"good": "positive", "bad": "negative"}
+    said = capsys.readouterr().err
+    assert str(path) in said and "3 lines" in said
+    assert "1 phrase" in said and "1 zero score" in said and "1 without a class" in said
