@@ -33,7 +33,7 @@ from pipelines.schemas import TABLES
 from pipelines.data.tokenizer import WORD_START, display_token, special_ids
 from pipelines.data.tokens import TokenRows
 from sae.activations import iter_activations
-from sae.sites import Point
+from circuits.sites import OUTPUT_SITE, Point
 
 @dataclass(frozen=True)
 class FeatureConfig(Config):
@@ -249,7 +249,7 @@ def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, sa
     listable = listable_tokens(tok, d_vocab, token_counts, cfg.min_token_count)
     records, label_records = [], []
     for (layer, site), tracker in trackers.items():
-        effects = logit_effects(model, saes[(layer, site)].W_dec).cpu() if site == "mlp_out" else None
+        effects = logit_effects(model, saes[(layer, site)].W_dec).cpu() if site == OUTPUT_SITE else None
         boosts = _lexicon_boosts(effects, listable, lexicon_tokens, cfg) if effects is not None else {}
         for f in range(len(tracker.count)):
             row = _describe_feature(tracker, f, windows, effects, listable, boosts, cfg)

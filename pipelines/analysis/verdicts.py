@@ -44,6 +44,7 @@ import pandas as pd
 
 from circuits.config import Config, option, seed_option
 from circuits.groups import MAX_MEMBERS
+from circuits.sites import OUTPUT_SITE
 
 NEGATION = "negation"
 CONTEXT = "context="
@@ -112,7 +113,7 @@ class InputFacts:
         if features is None or features.empty:
             return cls({}, {}, {}, {}, {}, {})
         mine = features[features["layer"] == layer]
-        ins, outs = mine[mine["site"] == input_site], mine[mine["site"] == "mlp_out"]
+        ins, outs = mine[mine["site"] == input_site], mine[mine["site"] == OUTPUT_SITE]
         text = lambda frame, column: {int(f): str(v) for f, v in zip(frame["feature"], frame[column])  # noqa: E731
                                       if v is not None and not (isinstance(v, float) and np.isnan(v))}
         boost = {int(f): (str(c), float(s)) for f, c, s in zip(outs["feature"], outs["boost_label"], outs["boost_sd"])

@@ -37,11 +37,11 @@ import pyarrow.parquet as pq
 from circuits.config import Config, option, seed_option
 from pipelines.data.stories import Story, StoryConfig, generate_stories
 from pipelines.engine.files import atomic_dir, digest, text_digest, write_json
+from pipelines.engine.paths import CORPUS_PART, LEXICON, STORY_CONFIG
 
 SPANS_COLUMN = "spans"
 _LINE = object()  # a record's key for its line in a JSONL file (no column name can equal it)
 BATCH_DOCS = 2048
-LEXICON_FILE = "lexicon.tsv"
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
@@ -309,8 +309,8 @@ def write_story_corpus(cfg: StoryConfig, folder: str | Path) -> Path:
     with atomic_dir(folder) as tmp:
         table = pa.Table.from_pandas(stories_frame(generate_stories(cfg)), schema=STORY_SCHEMA,
                                      preserve_index=False)
-        pq.write_table(table, tmp / "part.parquet")
+        pq.write_table(table, tmp / CORPUS_PART)
         lines = [f"{w}\tpositive" for w in POSITIVE] + [f"{w}\tnegative" for w in NEGATIVE]
-        (tmp / LEXICON_FILE).write_text("\n".join(lines) + "\n")
-        write_json(tmp / "story_config.json", cfg.to_json())
+        (tmp / LEXICON).write_text("\n".join(lines) + "\n")
+        write_json(tmp / STORY_CONFIG, cfg.to_json())
     return folder

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-LOCK_FILE = ".lock"
+from pipelines.engine.paths import RunPaths
+
 _held: dict[Path, int] = {}
 
 
@@ -50,7 +51,7 @@ def run_lock(root: str | Path, stage: str, create: bool = True) -> Iterator[None
             created = created.parent
     try:
         root.mkdir(parents=True, exist_ok=True)
-        handle = open(root / LOCK_FILE, "a+")
+        handle = open(RunPaths(root).lock, "a+")
     except PermissionError as err:
         raise PermissionError(f"cannot write to the run directory {root}: {err.strerror}") from None
     try:

@@ -26,10 +26,9 @@ from pathlib import Path
 import jinja2
 
 from pipelines.engine.files import atomic_dir
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.explorer.data import bundles, script
 
-INDEX = "index.html"
 STATIC_FILES = ("app.js", "style.css")
 SHELL = "shell.html"
 
@@ -69,7 +68,7 @@ def write_explorer(run: RunPaths) -> Path:
         html = env.from_string(_static(SHELL)).render(title=f"Explorer: {meta['run']}", run=meta["run"],
                                                       build_s=f"{time.perf_counter() - start:.1f}")
         (folder / INDEX).write_text(html, encoding="utf-8")
-    return run.explorer / INDEX
+    return run.explorer_page
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
