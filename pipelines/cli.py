@@ -142,14 +142,21 @@ def _builtin_labels(folder: Path):
     return CorpusConfig(lexicon=str(lexicon)) if lexicon.is_file() else CorpusConfig()
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port takes a number, not {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"--port must be 0..65535, not {port}")
-    return port
+def _whole(flag: str, low: int, high: int | None = None):
+    """An argparse type: a whole number from `low` to `high` (inclusive), said with `flag`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, not {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"{flag} must be {bounds}, not {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
 
 
 # ------------------------------------------------------------------ commands
@@ -415,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "group_ablation and gate_verdicts under OUT/tables/.")
     _model_options(p, ray=True)
     add_job(p, VerdictsJob)
-    p.add_argument("--show", type=int, default=8, help="candidates per layer and kind printed (default: %(default)s)")
+    p.add_argument("--show", type=_whole("--show", 0), default=8,
+                   help="candidates per layer and kind printed (default: %(default)s)")
     p.set_defaults(func=cmd_verdicts)
 
     p = sub.add_parser("report", help="write the one-page HTML report of a run",
@@ -433,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, device=False, threads=False)
     p.add_argument("--serve", action="store_true", help="serve the site over HTTP after writing it")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: %(default)s)")
-    p.add_argument("--port", type=_port, default=8000, help="port to serve on, 0 for any free one (default: "
+    p.add_argument("--port", type=_whole("--port", 0, 65535), default=8000, help="port to serve on, 0 for any free one (default: "
                                                             "%(default)s)")
     p.set_defaults(func=cmd_explore, creates_run=False)
 

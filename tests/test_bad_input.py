@@ -277,3 +277,13 @@ def test_skipped_lexicon_lines_are_counted(tmp_path, capsys):
     said = capsys.readouterr().err
     assert str(path) in said and "3 lines" in said
     assert "1 phrase" in said and "1 zero score" in said and "1 without a class" in said
+
+
+# ------------------------------------------------------------------ 6. --show
+
+
+@pytest.mark.parametrize("value", ["-1", "x"])
+def test_show_takes_a_count_of_zero_or_more(tmp_path, capsys, value):
+    assert main(["verdicts", "--out", str(tmp_path / "run"), f"--show={value}"]) == 2
+    assert "--show" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
