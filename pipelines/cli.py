@@ -55,11 +55,13 @@ def _runtime(args: argparse.Namespace):
     runtime = config_from(args, Runtime)
     ray = getattr(args, "ray", None)
     if ray is not None:
-        from pipelines.engine.cluster import LOCAL, import_ray
+        from pipelines.engine.cluster import LOCAL, check_address, import_ray
 
-        import_ray()  # no Ray: say so before any work
+        import_ray()  # no Ray, or no cluster at the address: say so before any work
         if ray == LOCAL and os.environ.get("RAY_ADDRESS"):
             ray = os.environ["RAY_ADDRESS"]
+        if ray != LOCAL:
+            check_address(ray)
     return runtime.replace(ray=ray).resolved()
 
 

@@ -287,3 +287,49 @@ def test_show_takes_a_count_of_zero_or_more(tmp_path, capsys, value):
     assert main(["verdicts", "--out", str(tmp_path / "run"), f"--show={value}"]) == 2
     assert "--show" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ 8, 15. Ray
+
+
+def test_a_ray_address_where_nothing_listens_is_a_one_line_error_in_seconds(tmp_path, capsys):
+    import time
+
+    pytest.importorskip("ray")
+    start = time.monotonic()
+    err = _error(capsys, ["verdicts", "--out", str(tmp_path / "run"), "--ray", "127.0.0.1:1"])
+    assert "--ray 127.0.0.1:1" in err and "no Ray cluster answers" in err
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "run").exists()
+
+
+def test_connect_checks_the_address_too():
+    from pipelines.engine.cluster import connect
+    from pipelines.runtime import Runtime
+
+    pytest.importorskip("ray")
+    with pytest.raises(ValueError, match="no Ray cluster answers"):
+        connect(Runtime(threads=1, ray="ray://127.0.0.1:1"))
+
+
+def test_a_killed_drivers_marker_is_removed_by_the_next_driver(tmp_path):
+    """A SIGKILLed driver leaves its marker; the next driver of the run (the lock says no other
+    is alive) removes it, whatever its own tasks do (here they fail at once)."""
+    pytest.importorskip("ray")
+    from pipelines.engine.cluster import MARKER, TaskFailed, disconnect, run_on_ray
+    from pipelines.engine.tasks import Task
+    from pipelines.runtime import Runtime
+
+    stale = tmp_path / MARKER.format("0123456789ab")
+    stale.write_text("host 1\n")
+
+    class Inputs:
+        def folders(self):
+            return {"run": str(tmp_path), "model": str(tmp_path / "none"), "tokens": str(tmp_path / "none")}
+
+    try:
+        with pytest.raises(TaskFailed):
+            run_on_ray(Runtime(threads=1, ray="local", workers=1), print, Inputs(), [Task("t", None)], "test")
+    finally:
+        disconnect()
+    assert not list(tmp_path.glob(MARKER.format("*")))
