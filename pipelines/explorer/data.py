@@ -371,6 +371,9 @@ def data_bundle(tables: RunTables, layer: int, site: str, file: str) -> dict:
             out[name] = None
             continue
         mine = df[df["layer"] == layer]
+        if name == "gate_verdicts" and mine.empty:  # verdicts not run for this layer: none, not an empty table
+            out[name] = None
+            continue
         if name == "gate_truth":  # only the truth tables the pages show: of the verdicts' pairs and the best
             mine = _shown_truth(mine, select(tables.get("gate_verdicts"), site), layer)
         if name == "lowrank_samples":
