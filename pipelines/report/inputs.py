@@ -50,6 +50,11 @@ class ReportData:
         return self.table("gate_verdicts")
 
     @property
+    def has_verdicts(self) -> bool:
+        """Whether the verdicts stage has run for any of the layers."""
+        return self.verdicts is not None and len(self.verdicts) > 0
+
+    @property
     def has_ground_truth(self) -> bool:
         """Whether the verdicts could label negation gates (the corpus has such labels)."""
         v = self.verdicts
