@@ -170,7 +170,7 @@ def cmd_corpus(args: argparse.Namespace) -> None:
     from pipelines.stages import ensure_corpus
 
     cfg = config_from(args, StoryConfig)
-    path = ensure_corpus(RunPaths(args.out), cfg)
+    path = ensure_corpus(RunPaths(args.out), cfg, force=args.force)
     print(f"corpus: {cfg.n_stories} stories in {path}")
 
 
@@ -358,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Generate the seeded TinyStories-like corpus with negation ground truth "
                                    "(labelled spans and a lexicon of sentiment words) into OUT/corpus/.")
     _common(p, device=False, threads=False)
+    p.add_argument("--force", action="store_true", help="replace the corpus the run's model was trained on")
     add_config(p, StoryConfig)
     p.set_defaults(func=cmd_corpus)
 

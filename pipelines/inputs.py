@@ -168,19 +168,29 @@ def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: 
     return batches
 
 
-def check_tables_match(run: RunPaths, layer: int, part: str, sae_in: Path, sae_out: Path | None) -> None:
-    """Refuse to show a layer's tables next to SAEs other than those they were computed with."""
+def check_tables_match(run: RunPaths, layer: int, part: str, sae_in: Path, sae_out: Path | None,
+                       features_of: str | None = None) -> None:
+    """Refuse to use a layer's tables with SAEs other than those they were computed with:
+    its circuit tables (`part`) and, with `features_of` (the input SAE's site), the features
+    tables of both SAEs, which must then exist (what the verdicts read)."""
     recorded = provenance(table_path(run.tables, "gates", layer, part))
-    if recorded is None:
-        return
     now = {"sae_in": digest(sae_in)}
     if sae_out is not None:
         now["outputs"] = digest(sae_out)
-    changed = [name for name, value in now.items() if recorded["inputs"].get(name) != value]
+    changed = [name for name, value in now.items() if recorded is not None and recorded["inputs"].get(name) != value]
+    if features_of is not None and recorded is not None:  # without circuit tables the stage says to run `circuits`
+        for site, sae, name in ((features_of, sae_in, "sae_in"), (OUTPUT_SITE, sae_out, "outputs")):
+            found = provenance(table_path(run.tables, "features", layer, site))
+            if found is None:
+                raise FileNotFoundError(f"layer {layer}: no features table of the {site} SAE in {run.tables}: run "
+                                        "`features` first (the verdicts read the features' labels and boosted words)")
+            if found["inputs"].get("sae") != now[name] and f"features of {site}" not in changed:
+                changed.append(f"features of {site}")
     if changed:
         raise ValueError(f"the layer {layer} tables in {run.tables} were computed with other SAEs than "
                          f"{', '.join(str(p) for p in (sae_in, sae_out) if p)} ({', '.join(changed)} differ); "
-                         "rerun `circuits` with these SAEs or pass the ones the tables were computed with")
+                         "rerun `circuits` and `features` with these SAEs or pass the ones the tables were "
+                         "computed with")
 
 
 RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run

@@ -39,8 +39,8 @@ from pipelines.engine.paths import RunPaths, stamp_of
 from pipelines.engine.stamps import Stamp
 from pipelines.engine.tables import has_table, table_path
 from pipelines.engine.tasks import Task, run_tasks
-from pipelines.inputs import (LayerSAEs, StageInputs, feature_saes, layer_batches, layer_saes,
-                              portable)
+from pipelines.inputs import (LayerSAEs, StageInputs, check_tables_match, feature_saes, layer_batches, layer_saes,
+                              portable, trained_corpus)
 from pipelines.jobs import CircuitsJob, FeaturesJob, LMJob, SAEJob, VerdictsJob
 from pipelines.lm.behaviour import lexicon_accuracy
 from pipelines.lm.training import held_out_loss, train_lm
@@ -65,11 +65,19 @@ class ModelReplacementError(ValueError):
 # ------------------------------------------------------------------ corpus and tokens
 
 
-def ensure_corpus(run: RunPaths, cfg: StoryConfig) -> Path:
-    """The built-in story corpus of the run, generated unless it exists for `cfg`."""
+def ensure_corpus(run: RunPaths, cfg: StoryConfig, force: bool = False) -> Path:
+    """The built-in story corpus of the run, generated unless it exists for `cfg`. A corpus
+    the run's model was trained on is replaced only with `force`: every later stage reads it."""
     stamp = Stamp("corpus", {}, cfg.recipe())
     if stamps.is_current(stamp_of(run.corpus), stamp):
         return run.corpus
+    trained = trained_corpus(run.lm) if stamp_of(run.lm).is_file() else None
+    if not force and trained is not None and Path(trained[0]).resolve() == run.corpus.resolve():
+        changed = stamps.changes(stamp_of(run.corpus), stamp) or ["it was not written by this run"]
+        raise ModelReplacementError(
+            f"{run.corpus} is the corpus the model in {run.lm} was trained on ({', '.join(changed)} would change); "
+            "every later stage depends on it, so it is not replaced silently: pass --force to replace it, or use "
+            "another --out")
     write_story_corpus(cfg, run.corpus)
     stamps.finish(stamp_of(run.corpus), stamp)
     return run.corpus
@@ -335,11 +343,11 @@ def _circuits_layer(work: StageInputs, unit: tuple[CircuitsJob, int, list[str], 
         part = _part_name(saes.input_site, spec, job.output_basis)
         stamp = _circuits_stamp(work, job, saes, spec)
         marker = work.run.table_stamp("circuits", layer, part)
-        stamps.begin(marker)
         out = parse_outputs([spec], job.output_basis, work.lm, mlp, saes, job.circuits)[0]
         batches = layer_batches(model, work.store.held_out, job.corr_rows, saes) if out.sae is not None else None
         tables = analyse_layer(mlp, saes.sae_in.weights, out, batches, job.circuits, layer=layer,
                                input_site=saes.input_site, progress=True, workers=threads)
+        stamps.begin(marker)  # only now: a run that fails before this leaves the old outputs current
         for name, frame in tables.items():
             schemas.write(frame, work.run.tables, name, layer, part=part, provenance=stamp.to_json())
         stamps.finish(marker, stamp)
@@ -404,12 +412,11 @@ def _features_of(work: StageInputs, unit: tuple[FeaturesJob, dict[int, list[str]
         found = feature_saes(work.run, work.lm, layer, tuple(sites), (explicit or {}).get(layer),
                              job.allow_hookless_saes)
         saes.update({p: s for p, s in found.items() if p[1] in sites})
-    for (layer, site) in saes:
-        stamps.begin(work.run.table_stamp("features", layer, site))
     features, labels = feature_tables(work.lm.model, work.lm.tokenizer, work.store.held_out,
                                       {p: s.weights for p, s in saes.items()}, job.features, work.store.classes,
                                       work.store.lexicon_tokens, work.lm.token_counts)
     for (layer, site), sae in saes.items():
+        stamps.begin(work.run.table_stamp("features", layer, site))  # not before: a failed run keeps them current
         stamp = _features_stamp(work, job, sae.path)
         mine = lambda frame: frame[(frame["layer"] == layer) & (frame["site"] == site)]  # noqa: E731
         schemas.write(mine(features), work.run.tables, "features", layer, part=site, provenance=stamp.to_json())
@@ -431,6 +438,7 @@ def ensure_verdicts(work: StageInputs, *, job: VerdictsJob, layers: list[int], r
     for layer in layers:
         saes = layer_saes(work.run, work.lm, layer, explicit.get(layer), job.input_site, True, job.allow_hookless_saes)
         part = f"{saes.input_site}-{SAE_PART}"
+        check_tables_match(work.run, layer, part, saes.sae_in.path, saes.sae_out.path, features_of=saes.input_site)
         marker = work.run.table_stamp("verdicts", layer, part)
         if not (stamps.is_current(marker, _verdicts_stamp(work, job, saes))
                 and all(has_table(work.run.tables, n, layer, part) for n in VERDICT_TABLES)):
@@ -458,8 +466,7 @@ def _read_digests(run: RunPaths, saes: LayerSAEs) -> dict[str, str]:
         found[name] = digest(path)
     for site in (saes.input_site, OUTPUT_SITE):
         for name in ("features", "feature_labels"):
-            path = table_path(run.tables, name, saes.layer, site)
-            found[f"{name}:{site}"] = digest(path) if path.is_file() else "absent"
+            found[f"{name}:{site}"] = digest(table_path(run.tables, name, saes.layer, site))  # checked present
     return found
 
 
@@ -472,7 +479,6 @@ def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
     part = f"{saes.input_site}-{SAE_PART}"
     marker = run.table_stamp("verdicts", layer, part)
     stamp = _verdicts_stamp(work, job, saes)
-    stamps.begin(marker)
     circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)
                 for name in CIRCUIT_READS}
     features, labels = (schemas.read(run.tables, name, [layer]) for name in ("features", "feature_labels"))
@@ -481,6 +487,7 @@ def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
     facts = InputFacts.of(features, labels, layer, saes.input_site, job.verdicts)
     frames = judge_layer(model, saes, work.store.held_out, circuits, facts=facts,
                          negation=has_negation_labels(labels), boosted=boosted, cfg=job.verdicts)
+    stamps.begin(marker)  # only now: a run that fails before this leaves the old outputs current
     for name, frame in frames.items():
         schemas.write(frame, run.tables, name, layer, part=part, provenance=stamp.to_json())
     stamps.finish(marker, stamp)

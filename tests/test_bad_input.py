@@ -11,6 +11,7 @@ import importlib
 import math
 import pkgutil
 import re
+import shutil
 import typing
 from pathlib import Path
 
@@ -333,3 +334,110 @@ def test_a_killed_drivers_marker_is_removed_by_the_next_driver(tmp_path):
     finally:
         disconnect()
     assert not list(tmp_path.glob(MARKER.format("*")))
+
+
+# ------------------------------------------------------------------ stages on a tiny run (1, 2, 3, 7, 12, 17)
+
+TINY_LM = ["--preset", "tiny", "--train-tokens", "40000", "--vocab-size", "600", "--threads", "1"]
+TINY_SAES = ["--train-tokens", "20480", "--batch-size", "1024", "--k", "4", "--threads", "1"]
+CIRCUITS = ["--top-n", "8", "--max-rank", "4", "--corr-rows", "32", "--min-active", "3", "--threads", "1"]
+VERDICTS = ["--rows", "32", "--min-cell", "3", "--ablate-rows", "32", "--n-ablate", "2", "--threads", "1"]
+
+
+def _ok(argv: list[str]) -> None:
+    assert main(argv) == 0, argv
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bad-input")
+    base = ["--out", str(out)]
+    _ok(["corpus", *base, "--n-stories", "1500", "--seed", "2"])
+    _ok(["train-lm", *base, *TINY_LM])
+    _ok(["train-saes", *base, *TINY_SAES])
+    _ok(["circuits", *base, *CIRCUITS])
+    _ok(["features", *base, "--rows", "32", "--threads", "1"])
+    _ok(["verdicts", *base, *VERDICTS])
+    return out
+
+
+@pytest.fixture(scope="module")
+def other_saes(run, tmp_path_factory) -> Path:
+    """Layer 0's SAEs of the same model trained with another seed."""
+    other = tmp_path_factory.mktemp("other-saes") / "run"
+    shutil.copytree(run, other)
+    _ok(["train-saes", "--out", str(other), "--layers", "0", *TINY_SAES, "--seed", "5"])
+    return other / "saes"
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    return copy
+
+
+def _layer_files(run: Path, layer: int) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted((run / "tables").rglob(f"layer{layer}/*.parquet"))}
+
+
+def test_verdicts_refuse_saes_other_than_the_tables_were_computed_with(run, other_saes, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    before = _layer_files(copy, 0)
+    err = _error(capsys, ["verdicts", "--out", str(copy), "--layer", "0", "--sae-in",
+                          str(other_saes / "layer0_resid_mid"), "--sae-out", str(other_saes / "layer0_mlp_out"),
+                          *VERDICTS])
+    assert "other SAEs" in err and "layer 0" in err
+    assert _layer_files(copy, 0) == before
+
+
+def test_verdicts_after_circuits_of_explicit_saes_refuse_the_runs_own(run, other_saes, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    _ok(["circuits", "--out", str(copy), "--layer", "0", "--sae-in", str(other_saes / "layer0_resid_mid"),
+         "--sae-out", str(other_saes / "layer0_mlp_out"), *CIRCUITS])
+    err = _error(capsys, ["verdicts", "--out", str(copy), *VERDICTS])
+    assert "other SAEs" in err and "layer 0" in err
+
+
+def test_verdicts_refuse_to_run_without_the_features_tables(run, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    shutil.rmtree(copy / "tables" / "features")
+    err = _error(capsys, ["verdicts", "--out", str(copy), *VERDICTS, "--n-ablate", "1"])
+    assert "run `features` first" in err
+
+
+def test_corpus_refuses_to_replace_the_corpus_the_model_was_trained_on(run, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    before = {p: p.read_bytes() for p in sorted((copy / "corpus").iterdir())}
+    err = _error(capsys, ["corpus", "--out", str(copy), "--n-stories", "10"])
+    assert "--force" in err and "trained on" in err
+    assert {p: p.read_bytes() for p in sorted((copy / "corpus").iterdir())} == before
+    _ok(["corpus", "--out", str(copy), "--n-stories", "1500", "--seed", "2"])  # the same corpus: nothing to do
+    _ok(["corpus", "--out", str(copy), "--n-stories", "10", "--force"])
+
+
+@pytest.mark.parametrize("stage, argv, name", [
+    ("features", ["--rows", "16"], "feature_tables"),
+    ("verdicts", [*VERDICTS, "--n-ablate", "1"], "judge_layer"),
+    ("circuits", [*CIRCUITS, "--top-n", "6"], "analyse_layer"),
+])
+def test_a_run_that_fails_keeps_the_stamps_of_the_finished_one(run, tmp_path, capsys, monkeypatch, stage, argv,
+                                                               name):
+    import pipelines.stages as stages
+
+    copy = _copy(run, tmp_path)
+    before = {p.name: p.read_bytes() for p in (copy / "tables" / ".stamps").iterdir()}
+
+    def fails(*args, **kwargs):
+        raise ValueError("failed mid-run")
+
+    monkeypatch.setattr(stages, name, fails)
+    assert "failed mid-run" in _error(capsys, [stage, "--out", str(copy), *argv])
+    assert {p.name: p.read_bytes() for p in (copy / "tables" / ".stamps").iterdir()} == before
+
+
+def test_verdicts_show_a_progress_bar(run, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    capsys.readouterr()
+    _ok(["verdicts", "--out", str(copy), *VERDICTS, "--n-ablate", "1"])
+    err = capsys.readouterr().err
+    assert re.search(r"verdicts: 100%\|.*2/2", err), err
