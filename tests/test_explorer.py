@@ -45,6 +45,7 @@ FILES = {
 }
 PER_LAYER = ("layer", "outputs", "input_site")
 LEFT_OUT = {"gate_verdicts": PER_LAYER + ("out_description", "a_description", "b_description"),
+            "gates": PER_LAYER + ("cross", "self_a", "self_b", "mean_contribution", "n_both", "n_a_only", "n_b_only"),
             "features": ("layer",), "feature_labels": ("layer", "lift")}
 N_TRUTH, N_ABLATE = 4, 2  # candidates per layer with a truth table (gate_truth), ablated per kind
 CELLS = ("on_on", "on_off", "off_on", "off_off")
