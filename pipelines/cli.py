@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from pipelines.options import add_config, config_from
+from pipelines.options import add_config, config_from, whole_number
 
 DEFAULT_RUN = Path("results/demo")
 TABLE_STAGES = ("circuits", "features", "verdicts")  # modules of pipelines.stages, one command each, in this order
@@ -56,11 +56,13 @@ def _runtime(args: argparse.Namespace):
     runtime = config_from(args, Runtime)
     ray = getattr(args, "ray", None)
     if ray is not None:
-        from pipelines.engine.cluster import LOCAL, import_ray
+        from pipelines.engine.cluster import LOCAL, check_address, import_ray
 
-        import_ray()  # no Ray: say so before any work
+        import_ray()  # no Ray, or no cluster at the address: say so before any work
         if ray == LOCAL and os.environ.get("RAY_ADDRESS"):
             ray = os.environ["RAY_ADDRESS"]
+        if ray != LOCAL:
+            check_address(ray)
     return runtime.replace(ray=ray).resolved()
 
 
@@ -143,16 +145,6 @@ def _builtin_labels(folder: Path):
     return CorpusConfig(lexicon=str(lexicon)) if lexicon.is_file() else CorpusConfig()
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--port takes a number, not {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"--port must be 0..65535, not {port}")
-    return port
-
-
 # ------------------------------------------------------------------ commands
 
 
@@ -162,7 +154,7 @@ def cmd_corpus(args: argparse.Namespace) -> None:
     from pipelines.stages import ensure_corpus
 
     cfg = config_from(args, StoryConfig)
-    path = ensure_corpus(RunPaths(args.out), cfg)
+    path = ensure_corpus(RunPaths(args.out), cfg, force=args.force)
     print(f"corpus: {cfg.n_stories} stories in {path}")
 
 
@@ -323,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Generate the seeded TinyStories-like corpus with negation ground truth "
                                    "(labelled spans and a lexicon of sentiment words) into OUT/corpus/.")
     _common(p, device=False, threads=False)
+    p.add_argument("--force", action="store_true", help="replace the corpus the run's model was trained on")
     add_config(p, StoryConfig)
     p.set_defaults(func=cmd_corpus)
 
@@ -387,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, device=False, threads=False)
     p.add_argument("--serve", action="store_true", help="serve the site over HTTP after writing it")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: %(default)s)")
-    p.add_argument("--port", type=_port, default=8000, help="port to serve on, 0 for any free one (default: "
+    p.add_argument("--port", type=whole_number("--port", 0, 65535), default=8000, help="port to serve on, 0 for any free one (default: "
                                                             "%(default)s)")
     p.set_defaults(func=cmd_explore, creates_run=False)
 
@@ -449,18 +442,30 @@ def _run(args: argparse.Namespace) -> int:
             if after is not None:  # what a command does once the run is free again
                 after()
     except KeyboardInterrupt:
-        print("\ninterrupted: finished work and the last checkpoint are kept; run the same command again to "
+        _close_bars()
+        print("interrupted: finished work and the last checkpoint are kept; run the same command again to "
               "continue", file=sys.stderr)
         return 130
     except (FileNotFoundError, ValueError, PermissionError, RunBusyError, NotADirectoryError, FileExistsError,
             TaskFailed) as err:
         if args.debug:
             raise
+        _close_bars()
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
         if args.debug:
             raise
+        _close_bars()
         print(f"error: {err.strerror or err} ({err.filename or ''})", file=sys.stderr)
         return 2
     return 0
+
+
+def _close_bars() -> None:
+    """End the progress bars of the work an error cut short, so that the error's line is a
+    line of its own (an open bar would have it glued on, and print again after it)."""
+    from tqdm.std import tqdm
+
+    for bar in list(tqdm._instances):
+        bar.close()

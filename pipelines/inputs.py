@@ -214,19 +214,29 @@ def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: 
     return batches
 
 
-def check_tables_match(run: RunPaths, plan: LayerPlan) -> None:
-    """Refuse to show a layer's tables next to SAEs other than those they were computed with."""
+def check_tables_match(run: RunPaths, plan: LayerPlan, features: bool = False) -> None:
+    """Refuse to use a layer's tables with SAEs other than those they were computed with:
+    its circuit tables and, with `features`, the features tables of both SAEs, which must
+    then exist (what the verdicts read)."""
     recorded = provenance(table_path(run.tables, "gates", plan.layer, plan.part))
-    if recorded is None:
-        return
     now = {"sae_in": digest(plan.sae_in)}
     if plan.sae_out is not None:
         now["outputs"] = digest(plan.sae_out)
-    changed = [name for name, value in now.items() if recorded["inputs"].get(name) != value]
+    changed = [name for name, value in now.items() if recorded is not None and recorded["inputs"].get(name) != value]
+    if features and recorded is not None:  # without circuit tables the stage says to run `circuits`
+        for site, name in ((plan.input_site, "sae_in"), (OUTPUT_SITE, "outputs")):
+            found = provenance(table_path(run.tables, "features", plan.layer, site))
+            if found is None:
+                raise FileNotFoundError(f"layer {plan.layer}: no features table of the {site} SAE in {run.tables}: "
+                                        "run `features` first (the verdicts read the features' labels and boosted "
+                                        "words)")
+            if found["inputs"].get("sae") != now.get(name) and f"features of {site}" not in changed:
+                changed.append(f"features of {site}")
     if changed:
         raise ValueError(f"the layer {plan.layer} tables in {run.tables} were computed with other SAEs than "
                          f"{', '.join(str(p) for p in (plan.sae_in, plan.sae_out) if p)} ({', '.join(changed)} "
-                         "differ); rerun `circuits` with these SAEs or pass the ones the tables were computed with")
+                         "differ); rerun `circuits` and `features` with these SAEs or pass the ones the tables were "
+                         "computed with")
 
 
 RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run

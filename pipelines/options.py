@@ -117,3 +117,20 @@ def _parser(kind, name: str):
 
     parse.__name__ = getattr(item or kind, "__name__", "value")
     return parse
+
+
+def whole_number(flag: str, low: int, high: int | None = None):
+    """An argparse type: a whole number from `low` to `high` (inclusive), said with `flag`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, not {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"{flag} must be {bounds}, not {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse

@@ -10,6 +10,8 @@ import dataclasses
 import importlib
 import math
 import pkgutil
+import re
+import shutil
 import typing
 from pathlib import Path
 
@@ -207,3 +209,235 @@ def test_a_null_byte_in_a_request_is_answered_not_raised(tmp_path, capsys, path)
         server.shutdown()
         server.server_close()
     assert "Traceback" not in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ 6, 10, 14. corpus spans and lexicon lines
+
+
+def _jsonl(path: Path, spans: list, line: int = 11, n: int = 30) -> Path:
+    """A JSONL corpus of `n` good documents and, at `line`, one with `spans`."""
+    import json
+
+    good = [json.dumps({"text": f"Tom was happy on day {i}. He did not like rain."}) for i in range(n)]
+    bad = json.dumps({"text": "Sam was sad.", "spans": spans})
+    path.write_text("\n".join(good[:line - 1] + [bad] + good[line - 1:]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("spans", [[{"start": 0, "end": 5}], [[0, 5]], [["a", "b", "negation"]], [[-1, 3, "x"]],
+                                   [[0, 99, "x"]], [[5, 2, "x"]], [[0, 3, ""]], [7], [[True, 3, "x"]]])
+def test_a_bad_span_names_the_file_the_line_and_what_a_span_holds(tmp_path, capsys, spans):
+    corpus = _jsonl(tmp_path / "corpus.jsonl", spans)
+    err = _error(capsys, ["train-lm", "--out", str(tmp_path / "run"), "--corpus", str(corpus), "--preset", "tiny"])
+    assert str(corpus) in err and "line 11" in err and "start" in err and "end" in err and "label" in err
+
+
+def test_good_spans_are_read_at_their_characters():
+    from pipelines.data.corpus import CorpusConfig, iter_documents
+
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "c.jsonl"
+        path.write_text(json.dumps({"text": "Sam was sad.", "spans": [[0, 3, "name"], {"start": 8, "end": 11,
+                                                                                         "label": "mood"}]}) + "\n")
+        docs = next(iter_documents(str(path), CorpusConfig()))
+    assert docs.spans == [[(0, 3, "name"), (8, 11, "mood")]]
+
+
+def test_an_error_after_a_progress_bar_starts_on_its_own_line(tmp_path, capsys):
+    from pipelines.data.corpus import BATCH_DOCS
+
+    # the tokenizer learns from the first batch of documents: the bad line, in the second, is met while the
+    # tokenize bar is open
+    corpus = _jsonl(tmp_path / "corpus.jsonl", [[5, 2, "x"]], line=BATCH_DOCS + 2, n=BATCH_DOCS + 10)
+    assert main(["train-lm", "--out", str(tmp_path / "run"), "--corpus", str(corpus), "--preset", "tiny",
+                 "--train-docs", "5", "--vocab-size", "300"]) == 2
+    err = capsys.readouterr().err
+    assert "tokenize" in err and f"line {BATCH_DOCS + 2}" in err
+    assert "\nerror: " in "\n" + err and not re.search(r"[^\n]error: ", err), err
+
+
+@pytest.mark.parametrize("line, what", [("\tpositive", "word"), ("nice\t", "class")])
+def test_a_lexicon_line_with_an_empty_word_or_class_names_the_file_and_line(tmp_path, line, what):
+    from pipelines.data.labels import read_lexicon
+
+    path = tmp_path / "words.tsv"
+    path.write_text(f"good\tpositive\n{line}\nbad\tnegative\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}, line 2: .*empty {what}"):
+        read_lexicon(path)
+
+
+def test_skipped_lexicon_lines_are_counted(tmp_path, capsys):
+    from pipelines.data.labels import read_lexicon
+
+    path = tmp_path / "words.tsv"
+    path.write_text("good\tpositive\nvery good\tpositive\nmeh\t0\nlonely\nbad\tnegative\n# note\n")
+    assert read_lexicon(path) == {"good": "positive", "bad": "negative"}
+    said = capsys.readouterr().err
+    assert str(path) in said and "3 lines" in said
+    assert "1 phrase" in said and "1 zero score" in said and "1 without a class" in said
+
+
+# ------------------------------------------------------------------ 6. --show
+
+
+@pytest.mark.parametrize("value", ["-1", "x"])
+def test_show_takes_a_count_of_zero_or_more(tmp_path, capsys, value):
+    assert main(["verdicts", "--out", str(tmp_path / "run"), f"--show={value}"]) == 2
+    assert "--show" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ 8, 15. Ray
+
+
+def test_a_ray_address_where_nothing_listens_is_a_one_line_error_in_seconds(tmp_path, capsys):
+    import time
+
+    pytest.importorskip("ray")
+    start = time.monotonic()
+    err = _error(capsys, ["verdicts", "--out", str(tmp_path / "run"), "--ray", "127.0.0.1:1"])
+    assert "--ray 127.0.0.1:1" in err and "no Ray cluster answers" in err
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "run").exists()
+
+
+def test_connect_checks_the_address_too():
+    from pipelines.engine.cluster import connect
+    from pipelines.runtime import Runtime
+
+    pytest.importorskip("ray")
+    with pytest.raises(ValueError, match="no Ray cluster answers"):
+        connect(Runtime(threads=1, ray="ray://127.0.0.1:1"))
+
+
+def test_a_killed_drivers_marker_is_removed_by_the_next_driver(tmp_path):
+    """A SIGKILLed driver leaves its marker; the next driver of the run (the lock says no other
+    is alive) removes it, whatever its own tasks do (here they fail at once)."""
+    pytest.importorskip("ray")
+    from pipelines.engine.cluster import MARKER, TaskFailed, disconnect, run_on_ray
+    from pipelines.engine.tasks import Task
+    from pipelines.runtime import Runtime
+
+    stale = tmp_path / MARKER.format("0123456789ab")
+    stale.write_text("host 1\n")
+
+    class Inputs:
+        def folders(self):
+            return {"run": str(tmp_path), "model": str(tmp_path / "none"), "tokens": str(tmp_path / "none")}
+
+    try:
+        with pytest.raises(TaskFailed):
+            run_on_ray(Runtime(threads=1, ray="local", workers=1), print, Inputs(), [Task("t", None)], "test")
+    finally:
+        disconnect()
+    assert not list(tmp_path.glob(MARKER.format("*")))
+
+
+# ------------------------------------------------------------------ stages on a tiny run (1, 2, 3, 7, 12, 17)
+
+TINY_LM = ["--preset", "tiny", "--train-tokens", "40000", "--vocab-size", "600", "--threads", "1"]
+TINY_SAES = ["--train-tokens", "20480", "--batch-size", "1024", "--k", "4", "--threads", "1"]
+CIRCUITS = ["--top-n", "8", "--max-rank", "4", "--corr-rows", "32", "--min-active", "3", "--threads", "1"]
+VERDICTS = ["--rows", "32", "--min-cell", "3", "--ablate-rows", "32", "--n-ablate", "2", "--threads", "1"]
+
+
+def _ok(argv: list[str]) -> None:
+    assert main(argv) == 0, argv
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bad-input")
+    base = ["--out", str(out)]
+    _ok(["corpus", *base, "--n-stories", "1500", "--seed", "2"])
+    _ok(["train-lm", *base, *TINY_LM])
+    _ok(["train-saes", *base, *TINY_SAES])
+    _ok(["circuits", *base, *CIRCUITS])
+    _ok(["features", *base, "--rows", "32", "--threads", "1"])
+    _ok(["verdicts", *base, *VERDICTS])
+    return out
+
+
+@pytest.fixture(scope="module")
+def other_saes(run, tmp_path_factory) -> Path:
+    """Layer 0's SAEs of the same model trained with another seed."""
+    other = tmp_path_factory.mktemp("other-saes") / "run"
+    shutil.copytree(run, other)
+    _ok(["train-saes", "--out", str(other), "--layers", "0", *TINY_SAES, "--seed", "5"])
+    return other / "saes"
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    return copy
+
+
+def _layer_files(run: Path, layer: int) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in sorted((run / "tables").rglob(f"layer{layer}/*.parquet"))}
+
+
+def test_verdicts_refuse_saes_other_than_the_tables_were_computed_with(run, other_saes, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    before = _layer_files(copy, 0)
+    err = _error(capsys, ["verdicts", "--out", str(copy), "--layer", "0", "--sae-in",
+                          str(other_saes / "layer0_resid_mid"), "--sae-out", str(other_saes / "layer0_mlp_out"),
+                          *VERDICTS])
+    assert "other SAEs" in err and "layer 0" in err
+    assert _layer_files(copy, 0) == before
+
+
+def test_verdicts_after_circuits_of_explicit_saes_refuse_the_runs_own(run, other_saes, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    _ok(["circuits", "--out", str(copy), "--layer", "0", "--sae-in", str(other_saes / "layer0_resid_mid"),
+         "--sae-out", str(other_saes / "layer0_mlp_out"), *CIRCUITS])
+    err = _error(capsys, ["verdicts", "--out", str(copy), *VERDICTS])
+    assert "other SAEs" in err and "layer 0" in err
+
+
+def test_verdicts_refuse_to_run_without_the_features_tables(run, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    shutil.rmtree(copy / "tables" / "features")
+    err = _error(capsys, ["verdicts", "--out", str(copy), *VERDICTS, "--n-ablate", "1"])
+    assert "run `features` first" in err
+
+
+def test_corpus_refuses_to_replace_the_corpus_the_model_was_trained_on(run, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    before = {p: p.read_bytes() for p in sorted((copy / "corpus").iterdir())}
+    err = _error(capsys, ["corpus", "--out", str(copy), "--n-stories", "10"])
+    assert "--force" in err and "trained on" in err
+    assert {p: p.read_bytes() for p in sorted((copy / "corpus").iterdir())} == before
+    _ok(["corpus", "--out", str(copy), "--n-stories", "1500", "--seed", "2"])  # the same corpus: nothing to do
+    _ok(["corpus", "--out", str(copy), "--n-stories", "10", "--force"])
+
+
+@pytest.mark.parametrize("stage, argv, name", [
+    ("features", ["--rows", "16"], "feature_tables"),
+    ("verdicts", [*VERDICTS, "--n-ablate", "1"], "judge_layer"),
+    ("circuits", [*CIRCUITS, "--top-n", "6"], "analyse_layer"),
+])
+def test_a_run_that_fails_keeps_the_stamps_of_the_finished_one(run, tmp_path, capsys, monkeypatch, stage, argv,
+                                                               name):
+    import pipelines.stages as stages
+
+    copy = _copy(run, tmp_path)
+    before = {p.name: p.read_bytes() for p in (copy / "tables" / ".stamps").iterdir()}
+
+    def fails(*args, **kwargs):
+        raise ValueError("failed mid-run")
+
+    monkeypatch.setattr(stages, name, fails)
+    assert "failed mid-run" in _error(capsys, [stage, "--out", str(copy), *argv])
+    assert {p.name: p.read_bytes() for p in (copy / "tables" / ".stamps").iterdir()} == before
+
+
+def test_verdicts_show_a_progress_bar(run, tmp_path, capsys):
+    copy = _copy(run, tmp_path)
+    capsys.readouterr()
+    _ok(["verdicts", "--out", str(copy), *VERDICTS, "--n-ablate", "1"])
+    err = capsys.readouterr().err
+    assert re.search(r"verdicts: 100%\|.*2/2", err), err

@@ -6,6 +6,7 @@ text everywhere, and (slow) on the small demo."""
 
 from __future__ import annotations
 
+import decimal
 import http.server
 import json
 import math
@@ -44,6 +45,7 @@ FILES = {
 }
 PER_LAYER = ("layer", "outputs", "input_site")
 LEFT_OUT = {"gate_verdicts": PER_LAYER + ("out_description", "a_description", "b_description"),
+            "gates": PER_LAYER + ("cross", "self_a", "self_b", "mean_contribution", "n_both", "n_a_only", "n_b_only"),
             "features": ("layer",), "feature_labels": ("layer", "lift")}
 N_TRUTH, N_ABLATE = 4, 2  # candidates per layer with a truth table (gate_truth), ablated per kind
 CELLS = ("on_on", "on_off", "off_on", "off_off")
@@ -980,6 +982,67 @@ def test_explorer_pages_in_a_browser(browser, synthetic_site):
     assert first["verdict"] in page.rows("table.best-pairs")[0]
     assert not page.errors, page.errors
     assert all(u.startswith("file://") for u in page.requests), "the site must not use the network"
+
+
+def stored(value: float) -> float:
+    """A float as the data files hold it (rounded to `xdata.DIGITS` significant digits)."""
+    return float(xdata.round_sig(np.array([value]))[0])
+
+
+def js_fixed(value: float, digits: int) -> str:
+    """JavaScript's `value.toFixed(digits)`: the double's exact decimal value, rounded half up."""
+    exact = decimal.Decimal(value).quantize(decimal.Decimal(1).scaleb(-digits), rounding=decimal.ROUND_HALF_UP)
+    return f"{exact:.{digits}f}"
+
+
+def test_the_first_page_leads_with_each_layers_ranked_circuits(browser, synthetic_site):
+    """Before the list of every feature: per layer, the best candidates of each kind in
+    circuit-rank order, their shares as percentages and and_data to two decimals."""
+    site = synthetic_site
+    page = Page(browser, site.explorer)
+    p = page.page
+    page.open()
+    assert p.eval_on_selector("#main", "m => m.firstElementChild.id") == "ranked"
+    headings = p.eval_on_selector_all("#main h1, #main h2", "h => h.map(x => x.id)")
+    assert headings[:3] == ["ranked", "ranked-L0", "ranked-L1"] and headings.index("all-features") == 3
+    verdicts = schemas.select(read_table(site.tables, "gate_verdicts"), "resid_mid")
+    for layer in (0, 1):
+        cells = p.eval_on_selector_all(f"table.ranked[data-layer='{layer}'] tbody tr",
+                                       "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+        want = []
+        for kind in ("pair", "group"):
+            best = verdicts[(verdicts["layer"] == layer) & (verdicts["kind"] == kind)].sort_values("circuit_rank")
+            best = best.drop_duplicates("out_feature").head(5)  # an output's candidate: its best by rank
+            want += [[str(r.circuit_rank), f"out #{r.out_feature}", js_fixed(100 * stored(r.contribution_share), 1) + "%",
+                      js_fixed(100 * stored(r.coactivation), 1) + "%", js_fixed(stored(r.and_data), 2)]
+                     for r in best.itertuples()]
+        got = [[row[1], row[2].split(" ")[0] + " " + row[2].split(" ")[1], row[5], row[6], row[7]] for row in cells]
+        assert got == want, layer
+    # frequencies read as percentages with two significant digits below 1%
+    base = xdata.decode_table(load_data(site.paths, "index")["features"])
+    first = p.eval_on_selector("#index-body tr", "r => r.cells[3].textContent")
+    value = 100 * float(base.at[0, "frequency"])
+    assert first == (f"{value:.1f}%" if value >= 1 else f"{float(f'{value:.2g}'):g}%")
+    assert not page.errors, page.errors
+
+
+def test_layers_whose_verdicts_were_not_run_say_so_in_a_browser(browser, synthetic_site, tmp_path):
+    run = RunPaths(tmp_path / "run")
+    shutil.copytree(synthetic_site.paths.root, run.root)
+    for path in (run.tables / "gate_verdicts").rglob("*.parquet"):
+        if path.parent.name == "layer1":
+            path.unlink()
+    write_explorer(run)
+    page = Page(browser, run.explorer)
+    p = page.page
+    page.open()
+    assert p.locator("table.ranked[data-layer='0']").count() == 1
+    assert p.locator("table.ranked[data-layer='1']").count() == 0
+    assert "Verdicts not run for this layer" in page.text("#main")
+    page.go("#/layer/1")
+    assert "verdicts not run for this layer" in page.text("#main")
+    assert "No ranked candidates" not in page.text("#main")
+    assert not page.errors, page.errors
 
 
 def verdicts_of(run: RunPaths, site: str, layer: int) -> pd.DataFrame:

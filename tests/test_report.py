@@ -15,6 +15,7 @@ from PIL import Image
 from pipelines import schemas
 from pipelines.cli import main
 from pipelines.engine.tables import table_path
+from pipelines.report.page import MEMBERS_SHOWN
 
 pytestmark = pytest.mark.slow
 
@@ -145,14 +146,22 @@ def _check_candidate_tables(run, text: str) -> bool:
             assert len(expected) > 0 and len(shown) == len(expected), (layer, kind)
             for cells, row in zip(shown, expected.to_dict("records")):
                 assert int(cells[0]) == row["circuit_rank"] and int(cells[1]) == row["out_feature"]
-                assert cells[2].startswith(", ".join(map(str, row["members_a"])))
-                assert cells[3].startswith(", ".join(map(str, row["members_b"])))
+                assert cells[2].startswith(_members(row["members_a"]))
+                assert cells[3].startswith(_members(row["members_b"]))
+                assert "(nan)" not in cells[2] + cells[3]  # an unlabelled side shows no label
                 assert cells[8] == ("yes" if row["split_pair"] else "")
                 assert cells[10] == row["verdict"]
                 if labelled:
                     assert cells.pop(11) == ("yes" if row["negation_gate"] else "no")
                 assert len(cells) == 14 and cells[11] == row["out_description"]
     return labelled
+
+
+def _members(values) -> str:
+    """A side's members as the tables list them: the first MEMBERS_SHOWN, then how many more."""
+    values = [int(v) for v in values]
+    more = f" and {len(values) - MEMBERS_SHOWN} more" if len(values) > MEMBERS_SHOWN else ""
+    return ", ".join(map(str, values[:MEMBERS_SHOWN])) + more
 
 
 def test_candidate_tables_show_gate_verdicts(run, page):
@@ -261,7 +270,55 @@ def test_missing_tables_leave_notes(run, tmp_path):
     for heading in HEADINGS:
         assert f"<h2>{heading}</h2>" in text
     assert text.count("Not available") >= 3
-    assert text.count("no gate_verdicts table for this layer") == 2
+    assert text.count("verdicts not run, no gate_verdicts table for this layer") == 2
+    # nothing is claimed about the corpus's labels: the verdicts that would use them have not run
+    assert "carries no negation and context labels" not in text and "has not run" in text
+
+
+def test_a_layer_whose_verdicts_were_not_run_says_so(run, tmp_path):
+    partial = tmp_path / "partial"
+    shutil.copytree(run, partial)
+    for name in VERDICT_TABLES:
+        (partial / "tables" / name / "layer1" / "resid_mid-sae.parquet").unlink()
+    assert main(["report", "--out", str(partial), *SMALL]) == 0
+    text = (partial / "report" / "index.html").read_text()
+    layer1 = text[text.index("<h3>Layer 1</h3>"):]
+    assert "verdicts not run" in layer1 and "No ranked candidates" not in layer1
+    assert "No ranked candidates" not in text[:text.index("<h3>Layer 1</h3>")]
+
+
+def test_candidate_tables_fit_the_page_width(run, tmp_path):
+    """Every candidate table is no wider than the page's body, in a browser 1400 px wide,
+    even with a group of 60 inputs and a description of long words (a real corpus's URLs)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+
+    path = chromium_path()
+    if path is None:
+        pytest.skip("no Chromium")
+    wide = tmp_path / "wide"
+    shutil.copytree(run, wide)
+    table = table_path(wide / "tables", "gate_verdicts", 0, "resid_mid-sae")
+    verdicts = pd.read_parquet(table)
+    first = verdicts.index[(verdicts["kind"] == "group") & (verdicts["circuit_rank"] == 1)][0]
+    verdicts.at[first, "members_a"] = list(range(60))
+    verdicts.at[first, "out_description"] = "on https://example.org/" + "a-very-long-path" * 12
+    schemas.write(verdicts, wide / "tables", "gate_verdicts", 0, part="resid_mid-sae")
+    assert main(["report", "--out", str(wide), *SMALL]) == 0
+    index = wide / "report" / "index.html"
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=path,
+                                                       args=CHROMIUM_ARGS, headless=True,
+                                                       viewport={"width": 1400, "height": 1000})
+        tab = context.new_page()
+        tab.goto(index.as_uri())
+        widths = tab.eval_on_selector_all("h4 + table", "ts => ts.map(t => [t.scrollWidth, "  # the candidate tables
+                                                        "t.parentElement.clientWidth])")
+        page_width = tab.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        context.close()
+    assert len(widths) == 4 and all(table <= body for table, body in widths), widths
+    assert page_width[0] <= page_width[1], page_width
 
 
 def test_cards_without_their_detail_tables(run, tmp_path):

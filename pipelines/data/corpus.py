@@ -25,6 +25,7 @@ import io
 import itertools
 import json
 import lzma
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from pipelines.engine.files import atomic_dir, digest, text_digest, write_json
 from pipelines.engine.paths import CORPUS_PART, LEXICON, STORY_CONFIG
 
 SPANS_COLUMN = "spans"
+_LINE = object()  # a record's key for its line in a JSONL file (no column name can equal it)
 BATCH_DOCS = 2048
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
@@ -77,17 +79,19 @@ def corpus_digest(source: str) -> str:
 def iter_documents(source: str, cfg: CorpusConfig, batch_docs: int = BATCH_DOCS) -> Iterator[Documents]:
     """Stream the documents of `source` in batches (see the module docstring)."""
     records = _records(source, cfg)
-    where = source
+    first = 0
     while True:
         chunk = list(itertools.islice(records, batch_docs))
         if not chunk:
             return
-        yield _documents(chunk, cfg, where)
+        yield _documents(chunk, cfg, source, first)
+        first += len(chunk)
 
 
-def _documents(chunk: list[dict], cfg: CorpusConfig, where: str) -> Documents:
+def _documents(chunk: list[dict], cfg: CorpusConfig, where: str, first: int) -> Documents:
+    """The documents of `chunk`, the records `first`, `first + 1`, ... of the source."""
     texts, classes, spans, skipped = [], [], [], 0
-    for record in chunk:
+    for index, record in enumerate(chunk, first):
         text = record.get(cfg.text_column)
         if text is None or (isinstance(text, float) and text != text):
             skipped += 1
@@ -103,18 +107,33 @@ def _documents(chunk: list[dict], cfg: CorpusConfig, where: str) -> Documents:
             value = record.get(cfg.label_column)
             classes.append(None if value is None or value != value else str(value))
         raw = record.get(SPANS_COLUMN)
-        spans.append([_span(s) for s in raw] if raw is not None else [])
+        place = f"line {record[_LINE]}" if _LINE in record else f"record {index + 1}"
+        spans.append(_spans(raw, len(text), f"corpus {where}, {place}") if raw is not None else [])
     has_spans = any(spans)
     return Documents(texts, classes if cfg.label_column is not None else None,
                      spans if has_spans else None, skipped)
 
 
-def _span(span) -> tuple[int, int, str]:
-    """A labelled span from a `{start, end, label}` struct or a `[start, end, label]` list."""
-    if isinstance(span, dict):
-        return int(span["start"]), int(span["end"]), str(span["label"])
-    start, end, label = span
-    return int(start), int(end), str(label)
+def _spans(raw, length: int, where: str) -> list[tuple[int, int, str]]:
+    """A document's labelled spans, each a `{start, end, label}` struct or a `[start, end,
+    label]` list of character offsets into its text of `length` characters."""
+    if not isinstance(raw, (list, tuple)):
+        raise ValueError(f"{where}: {SPANS_COLUMN!r} must be a list of spans, not {raw!r}")
+    out = []
+    for span in raw:
+        if isinstance(span, dict):
+            span = [span.get(key) for key in ("start", "end", "label")]
+        ok = isinstance(span, (list, tuple)) and len(span) == 3
+        if ok:
+            start, end, label = span
+            ok = (all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (start, end))
+                  and 0 <= start <= end <= length and isinstance(label, str) and label != "")
+        if not ok:
+            raise ValueError(f"{where}: bad span {span!r}: a span is [start, end, label] or {{start, end, label}}, "
+                             f"whole character offsets with 0 <= start <= end <= {length} (the text's length) "
+                             "and a non-empty label")
+        out.append((int(start), int(end), label))
+    return out
 
 
 def _records(source: str, cfg: CorpusConfig) -> Iterator[dict]:
@@ -228,6 +247,7 @@ def _text_file_records(path: Path, cfg: CorpusConfig) -> Iterator[dict]:
                     if first_fields is None:
                         first_fields = list(record)
                     found.update(c for c in wanted if c in record)
+                    record[_LINE] = number  # where its spans' errors point
                     yield record
                 # a field no line has is a misspelt column, not a corpus of null texts
                 missing = [c for c in wanted if c not in found]

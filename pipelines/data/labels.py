@@ -19,6 +19,7 @@ A token's label in a channel is stored as an int8, 0 for none and i + 1 for clas
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,8 @@ _WORD = re.compile(r"\w+(?:'\w+)*")
 def read_lexicon(path: str | Path, lowercase: bool = True) -> dict[str, str]:
     """`word -> class` from lines `word<TAB>class` (or whitespace-separated). A numeric class
     becomes `positive` or `negative` by its sign (VADER's and AFINN's files work as they are);
-    phrases, zeros and `#` comments are skipped."""
+    phrases, zeros, lines without a class and `#` comments are skipped (counted on stderr); an
+    empty word or class (`<TAB>positive`, `nice<TAB>`) is an error naming the line."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"lexicon {path} does not exist")
@@ -43,24 +45,38 @@ def read_lexicon(path: str | Path, lowercase: bool = True) -> dict[str, str]:
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError:
         raise ValueError(f"lexicon {path} is not UTF-8 text") from None
-    for line in lines:
+    skipped = {"phrase": 0, "zero score": 0, "without a class": 0}
+    for number, line in enumerate(lines, 1):
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split("\t") if "\t" in line else line.split()
-        if len(parts) < 2 or " " in parts[0].strip():
+        if len(parts) < 2:
+            skipped["without a class"] += 1
             continue
         word, label = parts[0].strip(), parts[1].strip()
+        for what, value in (("word", word), ("class", label)):
+            if not value:
+                raise ValueError(f"lexicon {path}, line {number}: {line!r} has an empty {what}; lines are "
+                                 "'word<TAB>class'")
+        if " " in word:
+            skipped["phrase"] += 1
+            continue
         try:
             score = float(label)
         except ValueError:
             pass
         else:
             if score == 0:
+                skipped["zero score"] += 1
                 continue
             label = "positive" if score > 0 else "negative"
         words[word.lower() if lowercase else word] = label
     if not words:
         raise ValueError(f"lexicon {path} has no 'word<TAB>class' lines")
+    if sum(skipped.values()):
+        plural = {"phrase": "phrases", "zero score": "zero scores"}
+        counts = ", ".join(f"{n} {plural.get(what, what) if n > 1 else what}" for what, n in skipped.items() if n)
+        print(f"lexicon {path}: skipped {sum(skipped.values())} lines ({counts})", file=sys.stderr)
     return words
 
 

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 LOCAL = "local"  # `--ray` without an address: a Ray runtime of this machine's own
 RETRIES = 2  # times Ray reruns a task whose worker died
+CONNECT_TIMEOUT_S = 10.0  # for a cluster's address to answer
 MARKER = ".ray-driver-{}"  # in the run directory: a worker that cannot see it cannot see the run
 
 
@@ -59,11 +60,27 @@ def import_ray():
     return ray
 
 
+def check_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """A ValueError unless something answers at a `host:port` (or `ray://host:port`) Ray
+    address within `timeout_s`: Ray itself would retry an address where nothing listens for
+    ever. Other forms (`local`, `auto`) are left to Ray."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ValueError(f"--ray {address}: no Ray cluster answers there within {timeout_s:g} s "
+                         f"({err.strerror or err}); start one with `ray start --head` or check the address") from None
+
+
 def connect(runtime) -> object:
     """Ray, connected: to the cluster at `runtime.ray`, or a local runtime of `workers` tasks.
     A task asks for `threads` CPUs: refused here when no node of the cluster has that many."""
     ray = import_ray()
     if not ray.is_initialized():
+        if runtime.ray != LOCAL:
+            check_address(runtime.ray)
         env = {"env_vars": {"TQDM_DISABLE": "1"}}  # the driver's bar is the one display
         if runtime.ray == LOCAL:
             # "local": a runtime of its own, never a cluster that `ray start` left running here
@@ -91,6 +108,8 @@ def run_on_ray(runtime, work, inputs, tasks: list, stage: str) -> list:
     """`[work(inputs, task.unit) for task in tasks]` as Ray tasks, `runtime.workers` at a time."""
     ray = connect(runtime)
     folders = inputs.folders()
+    for stale in Path(folders["run"]).glob(MARKER.format("*")):  # of a killed driver: this one holds the lock
+        stale.unlink(missing_ok=True)
     marker = Path(folders["run"]) / MARKER.format(uuid.uuid4().hex[:12])
     started = time.perf_counter()
     bar = tqdm(total=len(tasks), desc=f"{stage} on Ray ({runtime.workers} workers)", unit="task")

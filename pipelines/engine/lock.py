@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipelines.engine.paths import LOCK, RunPaths
+from pipelines.engine.paths import RunPaths
 
 _held: dict[Path, int] = {}
 
@@ -74,18 +74,19 @@ def run_lock(root: str | Path, stage: str, create: bool = True) -> Iterator[None
             del _held[root]
             handle.truncate(0)  # no stale holder left to read
             if created is not None:
-                _remove_bare(root, created)
+                _remove_bare(RunPaths(root).lock, created)
             fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
         handle.close()
 
 
-def _remove_bare(root: Path, top: Path) -> None:
-    """Remove `root`, and its parents up to `top`, if the lock file is all they hold."""
-    if [p.name for p in root.iterdir()] != [LOCK]:
+def _remove_bare(lock: Path, top: Path) -> None:
+    """Remove the run directory of `lock`, and its parents up to `top`, if the lock file is
+    all they hold."""
+    if list(lock.parent.iterdir()) != [lock]:
         return
-    RunPaths(root).lock.unlink()
-    folder = root
+    lock.unlink()
+    folder = lock.parent
     while True:
         try:
             folder.rmdir()

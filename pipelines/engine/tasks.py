@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tqdm.auto import tqdm
+
 
 @dataclass(frozen=True)
 class Task:
@@ -29,8 +31,14 @@ def run_tasks(runtime, work: Callable, inputs, tasks: list[Task], stage: str) ->
     if not tasks:
         return []
     if runtime.ray is None:
-        with runtime.torch_threads():
-            return [work(inputs, task.unit) for task in tasks]
+        # one bar over the tasks, as on Ray: a stage whose work shows no bar of its own still shows progress
+        with runtime.torch_threads(), tqdm(total=len(tasks), desc=stage, unit="task") as bar:
+            results = []
+            for task in tasks:
+                bar.set_postfix_str(task.name)
+                results.append(work(inputs, task.unit))
+                bar.update(1)
+            return results
     from pipelines.engine.cluster import run_on_ray
 
     return run_on_ray(runtime, work, inputs, tasks, stage)

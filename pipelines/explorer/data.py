@@ -61,7 +61,10 @@ LAYER_TABLES = tuple(name for names in FILES.values() for name in names)
 OTHER_TABLES = ("features", "feature_labels", "sae_metrics", "hosvd")
 PER_LAYER = ("layer", "outputs", "input_site")  # the same on every row of a per-layer file: left out
 LEFT_OUT = {"gate_verdicts": ("out_description", "a_description", "b_description"),  # the page has the features
-            "features": ("layer",), "feature_labels": ("layer", "lift")}
+            "features": ("layer",), "feature_labels": ("layer", "lift"),
+            # the weight terms and cell counts the gate list does not show (the truth tables have the cells):
+            # a sixth of the explorer on the demo, which must stay under 50 MB
+            "gates": ("cross", "self_a", "self_b", "mean_contribution", "n_both", "n_a_only", "n_b_only")}
 
 
 # ------------------------------------------------------------------ encoding
@@ -371,6 +374,9 @@ def data_bundle(tables: RunTables, layer: int, site: str, file: str) -> dict:
             out[name] = None
             continue
         mine = df[df["layer"] == layer]
+        if name == "gate_verdicts" and mine.empty:  # verdicts not run for this layer: none, not an empty table
+            out[name] = None
+            continue
         if name == "gate_truth":  # only the truth tables the pages show: of the verdicts' pairs and the best
             mine = _shown_truth(mine, select(tables.get("gate_verdicts"), site), layer)
         if name == "lowrank_samples":

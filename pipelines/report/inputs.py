@@ -50,9 +50,13 @@ class ReportData:
         return self.table("gate_verdicts")
 
     @property
+    def has_verdicts(self) -> bool:
+        """Whether the verdicts stage has run for any of the layers."""
+        return self.verdicts is not None and len(self.verdicts) > 0
+
+    @property
     def negation_judged(self) -> bool:
-        """Whether the verdicts judged which gates are negation gates (the `negation_gate`
-        column has values: the corpus has negation and context labels)."""
+        """Whether the verdicts could label negation gates (the corpus has such labels)."""
         v = self.verdicts
         return v is not None and len(v) > 0 and v["negation_gate"].notna().any()
 

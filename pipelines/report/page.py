@@ -28,6 +28,7 @@ from pipelines.report import figures
 from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_match
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
+MEMBERS_SHOWN = 8  # input features listed per side of a candidate (the explorer lists them all)
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_score",
                      "contribution_share", "coactivation", "and_data", "split_pair", "drop_a", "drop_b", "verdict",
                      "negation_gate", "out_description", "a_description", "b_description"]
@@ -95,7 +96,16 @@ def _environment() -> jinja2.Environment:
     env.filters["num"] = _number
     env.filters["pct"] = lambda v: "" if pd.isna(v) else f"{v:.0%}"
     env.filters["keeps"] = lambda v: "" if pd.isna(v) else f"{1 - v:.0%}"
+    env.filters["label"] = lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else v
+    env.filters["members"] = _members
     return env
+
+
+def _members(values, shown: int = MEMBERS_SHOWN) -> str:
+    """A side's input features, the first `shown` of a long group and how many more."""
+    values = list(values)
+    more = f" and {len(values) - shown} more" if len(values) > shown else ""
+    return _number(values[:shown]) + more
 
 
 def _number(value) -> str:
@@ -158,6 +168,8 @@ def _layer_section(data: ReportData, layer: int, pictures: _Pictures, cfg: Repor
     if verdicts is None or verdicts.empty:
         return section
     mine = verdicts[verdicts["layer"] == layer].sort_values("circuit_rank")
+    if mine.empty:  # the verdicts stage has not run for this layer
+        return section
     shown = set()
     for kind, title in (("pair", "Input pairs"), ("group", "Group gates")):
         rows = mine[mine["kind"] == kind]

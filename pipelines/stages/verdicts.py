@@ -16,8 +16,9 @@ from pipelines.engine.files import digest
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.stamps import Stamp
 from pipelines.engine.tables import table_path
-from pipelines.inputs import LayerPlan, LayerSAEs, StageInputs
+from pipelines.inputs import LayerPlan, LayerSAEs, StageInputs, check_tables_match
 from pipelines.jobs import VerdictsJob
+from pipelines.options import whole_number
 from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, held_out_digest
 
 TABLES = tuple(name for name, table in schemas.TABLES.items() if table.stage == "verdicts")
@@ -27,6 +28,8 @@ class Verdicts(TableStage):
     name = "verdicts"
 
     def parts(self, work: StageInputs, job: VerdictsJob, plan: Plan) -> list[Part]:
+        for mine in plan.values():
+            check_tables_match(work.run, mine, features=True)
         return [Part(layer, mine.part, _stamp(work, job, mine, mine.saes(work.lm)), TABLES)
                 for layer, mine in plan.items()]
 
@@ -71,8 +74,7 @@ def _read_digests(run: RunPaths, plan: LayerPlan) -> dict[str, str]:
         found[name] = digest(path)
     for site in (plan.input_site, OUTPUT_SITE):
         for name in ("features", "feature_labels"):
-            path = table_path(run.tables, name, plan.layer, site)
-            found[f"{name}:{site}"] = digest(path) if path.is_file() else "absent"
+            found[f"{name}:{site}"] = digest(table_path(run.tables, name, plan.layer, site))  # checked present
     return found
 
 
@@ -89,5 +91,5 @@ COMMAND = Command(
                 "gates on held-out tokens, ablate the best candidates in the model, and write gate_ablation, "
                 "group_gates, group_truth, group_ablation and gate_verdicts under OUT/tables/.",
     show=_show,
-    options=lambda p: p.add_argument("--show", type=int, default=8,
+    options=lambda p: p.add_argument("--show", type=whole_number("--show", 0), default=8,
                                      help="candidates per layer and kind printed (default: %(default)s)"))

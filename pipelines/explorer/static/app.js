@@ -1,6 +1,7 @@
 /* The explorer's single-page app: every page is rendered here from the data files in data/
  * (see pipelines/explorer/data.py for their format). Routes:
- *   #/             every output feature of every layer, sortable and filterable
+ *   #/             each layer's best ranked circuits, then every output feature of every layer, sortable
+ *                  and filterable
  *   #/layer/L      distributions over layer L and its best circuit candidates (pairs, group gates)
  *   #/out/L/F      output feature F of layer L (site mlp_out)
  *   #/in/L/F       input feature F of layer L (the input SAE's site)
@@ -30,6 +31,12 @@
     return String(Number(v.toPrecision(digits || 4)));
   }
   function pct(v) { return isNum(v) ? (100 * v).toFixed(1) + "%" : "–"; }
+  /* A share as a percentage with two significant digits below 1% (0.0001063 -> 0.011%). */
+  function pctReadable(v) {
+    if (!isNum(v)) return "–";
+    const p = 100 * v;
+    return (p === 0 || Math.abs(p) >= 1 ? p.toFixed(1) : String(Number(p.toPrecision(2)))) + "%";
+  }
   function trunc(s, n) { s = s || ""; return s.length > n ? s.slice(0, n - 1) + "…" : s; }
   function toInt(s) { return /^-?\d+$/.test(s || "") ? parseInt(s, 10) : NaN; }
 
@@ -102,8 +109,8 @@
     const c = meta.counts.find((x) => x.layer === layer && x.site === site);
     return c ? c.n : 0;
   }
-  function missingNote(name, what) {
-    const why = meta.missing[name] || "no rows for this feature";
+  function missingNote(name, what, otherwise) {
+    const why = meta.missing[name] || otherwise || "no rows for this feature";
     return `<p class="missing" data-missing="${esc(name)}">Missing: ${esc(what || "the " + name + " table")} (${esc(why)}).</p>`;
   }
   function present(name) { return meta.present.indexOf(name) >= 0; }
@@ -250,7 +257,7 @@
         `<td><a href="${link(`/out/${layer}/${f}`)}">${f}</a></td>` +
         `<td class="text"><a href="${link(`/out/${layer}/${f}`)}">${esc(d) || '<span class="note">no description</span>'}</a>` +
         (toks ? `<div class="toks">${esc(toks)}</div>` : "") + `</td>` +
-        `<td>${fmt(indexValue("frequency", i))}</td><td>${fmt(indexValue("corr", i))}</td>` +
+        `<td>${pctReadable(indexValue("frequency", i))}</td><td>${fmt(indexValue("corr", i))}</td>` +
         `<td title="${esc(pairText)}">${fmt(indexValue("gate_rank", i))}</td><td>${fmt(indexValue("gate_share", i))}</td>` +
         `<td title="${esc(groupText)}">${fmt(indexValue("group_rank", i))}</td><td>${fmt(indexValue("group_share", i))}</td>` +
         `<td>${fmt(indexValue("energy1", i))}</td></tr>`;
@@ -267,6 +274,50 @@
       th.dataset.dir = th.dataset.key === s.sort ? (s.desc ? "desc" : "asc") : "";
     }
   }
+  /* The first page's lead: each layer's best circuit candidates, pairs and group gates, by
+   * circuit_rank, with numbers rounded for reading (the layer pages have them all). */
+  const RANKED_SHOWN = 5;
+  function rankedCircuits() {
+    const base = T(D.index.features), stats = T(D.index.stats[state.site]);
+    let html = `<h1 id="ranked">Ranked circuits per layer</h1>`;
+    if (!stats || !col(stats, "gate_rank")) {
+      return html + missingNote("gate_verdicts", "ranked circuits (the gate_verdicts table: run the verdicts stage)");
+    }
+    html += `<p class="note">Each layer's best ${RANKED_SHOWN} circuit candidates of each kind by circuit rank: an output
+      feature of the output SAE and the two sides that build it (input features of the SAE on <b>${esc(state.site)}</b>).
+      <b>share</b>: the cross terms' share of the output's activation on held-out tokens; <b>both on</b>: how often both
+      sides are active where the output is; <b>and_data</b>: near 1 for an AND, near 0 for an OR.</p>`;
+    const layers = col(base, "layer"), feats = col(base, "feature"), desc = col(base, "description") || [];
+    const SIDE_SHOWN = 6;  // members of a group side listed; the layer and feature pages list them all
+    const sides = (layer, list) => (list || []).slice(0, SIDE_SHOWN).map((m) => m < 0 ? "const" :
+      `<a class="feat" href="${link(`/in/${layer}/${m}`)}">in #${m}</a>`).join(", ") +
+      ((list || []).length > SIDE_SHOWN ? ` <span class="note">and ${list.length - SIDE_SHOWN} more</span>` : "");
+    const two = (v) => (isNum(v) ? v.toFixed(2) : "–");
+    for (const layer of meta.layers) {
+      const rows = [];
+      for (const [kind, prefix] of [["pair", "gate"], ["group", "group"]]) {
+        const ranks = col(stats, prefix + "_rank") || [];
+        const mine = layers.map((l, i) => i).filter((i) => layers[i] === layer && isNum(ranks[i]))
+          .sort((a, b) => ranks[a] - ranks[b]).slice(0, RANKED_SHOWN);
+        for (const i of mine) {
+          const f = feats[i];
+          rows.push(`<tr data-kind="${kind}"><td class="text">${kind === "pair" ? "pair" : "group gate"}</td><td>${ranks[i]}</td>` +
+            `<td class="text"><a class="feat" href="${link(`/out/${layer}/${f}`)}">out #${f}</a> <span class="desc">${esc(trunc(desc[i], 60))}</span></td>` +
+            `<td class="text">${sides(layer, val(stats, prefix + "_a", i))}</td><td class="text">${sides(layer, val(stats, prefix + "_b", i))}` +
+            `${val(stats, prefix + "_split", i) ? ' <span class="tag no">split</span>' : ""}</td>` +
+            `<td>${pct(val(stats, prefix + "_share", i))}</td><td>${pct(val(stats, prefix + "_coactivation", i))}</td>` +
+            `<td>${two(val(stats, prefix + "_and_data", i))}</td></tr>`);
+        }
+      }
+      html += `<h2 id="ranked-L${layer}">Layer ${layer} <a class="note" href="${link("/layer/" + layer)}">(all its candidates)</a></h2>` +
+        (rows.length ? `<table class="data ranked" data-layer="${layer}"><thead><tr><th class="text">kind</th><th>rank</th>` +
+          `<th class="text">output</th><th class="text">side a</th><th class="text">side b</th><th>share</th><th>both on</th>` +
+          `<th>and_data</th></tr></thead><tbody>${rows.join("")}</tbody></table>`
+          : '<p class="note">Verdicts not run for this layer: no ranked candidates yet.</p>');
+    }
+    return html;
+  }
+
   function renderIndex() {
     document.title = `Explorer: ${meta.run}`;
     const s = state.index;
@@ -274,9 +325,9 @@
     const rank = D.index.corr_rank;
     const heads = INDEX_COLUMNS.map((c) => `<th data-key="${c.key}"${c.num ? "" : ' class="text"'} title="${esc(c.title || "click to sort")}">` +
       `${esc(c.label || `rank-${rank} corr`)}</th>`).join("");
-    const missing = ["features", "lowrank", "gate_verdicts", "eigen"].filter((n) => !present(n))
+    const missing = ["features", "lowrank", "eigen"].filter((n) => !present(n))  // gate_verdicts: in rankedCircuits
       .map((n) => missingNote(n, `the ${n} table (its columns are empty)`)).join("");
-    main.innerHTML = `<h1>Output features</h1>
+    main.innerHTML = rankedCircuits() + `<h1 id="all-features">All output features</h1>
       <p class="note">Every feature of the output SAE (site ${esc(OUT)}) of every layer. Click a column to sort; the
       search matches descriptions and top tokens (every word must appear). Numbers use the input SAE on
       <b>${esc(state.site)}</b>.</p>${missing}
@@ -776,7 +827,8 @@
     }
     html += `<h2 id="best-gates">Best circuit candidates</h2>`;
     const v = T(V && V.gate_verdicts);
-    if (!v) html += missingNote("gate_verdicts", "verdicts (the gate_verdicts table: run the verdicts stage)");
+    if (!v) html += missingNote("gate_verdicts", "verdicts (the gate_verdicts table: run the verdicts stage)",
+                                "verdicts not run for this layer");
     else {
       html += `<p class="note">Each output feature's circuit candidate pair and its best group gate, ranked within the layer by
         gate_score (the contribution to the output's activation times and_data), split pairs after every other candidate; verdicts from the
