@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from circuits.attribution import (AttributionGraph, LayerSAETensors, attribute, frozen_from_cache, model_tensors,
-                                  prune, scores)
+                                  node_influence, prune, scores)
 from circuits.config import Config, option
-from circuits.sae_basis import INPUT_SITES
+from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tokenizer import BOS, display_token
 from pipelines.engine.paths import RunPaths
 from pipelines.inputs import ModelInputs, SAEPaths, layer_saes
@@ -36,7 +36,7 @@ class GraphConfig(Config):
     max_logits: int = option(10, "most logits attributed when no --target is given (circuit-tracer's default)", low=1)
     desired_probability: float = option(0.95, "cumulative probability of the attributed logits when no --target is "
                                               "given (circuit-tracer's default)", low=0.0, high=1.0)
-    input_site: str = option("resid_mid", "which of the run's input SAEs give the input rows", choices=INPUT_SITES)
+    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs give the input rows", choices=INPUT_SITES)
     node_threshold: float = option(0.8, "keep the most influential nodes up to this share of all influence "
                                         "(circuit-tracer's default)", low=0.0, high=1.0)
     edge_threshold: float = option(0.98, "keep the most influential edges up to this share (circuit-tracer's default)",
@@ -44,6 +44,9 @@ class GraphConfig(Config):
     max_features: int = option(8192, "feature nodes at most (the weakest, by |activation| x |decoder row|, join "
                                      "their position's error node): bounds memory", low=1)
     n_and: int = option(3, "AND hyperedges (pairwise terms of the MLP's quadratic form) kept per output feature", low=0)
+    dtype: str = option("float32", "precision of the attribution (the forward pass is float64; edges add up to each "
+                                   "value to about 1e-6 relative in float32, 1e-12 in float64)",
+                        choices=("float32", "float64"))
     chunk: int = option(256, "targets carried back through the model at once", low=1, runtime=True)
 
 
@@ -111,13 +114,13 @@ def load_layer_saes(run: RunPaths, inputs: ModelInputs, input_site: str, explici
         paths = explicit.get(layer) if explicit else None
         if explicit and paths is None:
             continue
-        if paths is None and not (run.sae(layer, input_site).is_dir() and run.sae(layer, "mlp_out").is_dir()):
+        if paths is None and not (run.sae(layer, input_site).is_dir() and run.sae(layer, OUTPUT_SITE).is_dir()):
             continue
         s = layer_saes(run, inputs, layer, paths, input_site, need_output=True, allow_hookless=allow_hookless)
         found[layer] = LayerSAETensors(s.sae_in.weights.to(torch.float64), s.input_site,
                                        s.sae_out.weights.to(torch.float64))
     if not found:
-        raise FileNotFoundError(f"no pairs of {input_site} and mlp_out SAEs in {run.saes}: run `train-saes` first or "
+        raise FileNotFoundError(f"no pairs of {input_site} and {OUTPUT_SITE} SAEs in {run.saes}: run `train-saes` first or "
                                 "pass --sae-in and --sae-out with --layer")
     return found
 
@@ -143,12 +146,15 @@ def build_graph(prompt: str, model, tokenizer, saes: dict[int, LayerSAETensors],
         top = probs.topk(min(cfg.max_logits, probs.shape[0]))
         cut = int(torch.searchsorted(top.values.cumsum(0), torch.tensor(cfg.desired_probability, dtype=probs.dtype))) + 1
         targets = top.indices[:cut]
-    m = model_tensors(model)
-    frozen = frozen_from_cache(tokens, cache, model.cfg.n_layers)
-    graph = attribute(m, frozen, saes, targets, max_features=cfg.max_features, n_and=cfg.n_and, chunk=cfg.chunk,
+    dtype = getattr(torch, cfg.dtype)
+    m = model_tensors(model, dtype)
+    frozen = frozen_from_cache(tokens, cache, model.cfg.n_layers, dtype)
+    cast = {layer: LayerSAETensors(s.sae_in.to(dtype), s.site, s.sae_out.to(dtype)) for layer, s in saes.items()}
+    graph = attribute(m, frozen, cast, targets, max_features=cfg.max_features, n_and=cfg.n_and, chunk=cfg.chunk,
                       progress=progress)
-    node_mask, edge_mask, cumulative = prune(graph, cfg.node_threshold, cfg.edge_threshold)
-    replacement, completeness = scores(graph)
+    inf = node_influence(graph)
+    node_mask, edge_mask, cumulative = prune(graph, cfg.node_threshold, cfg.edge_threshold, inf)
+    replacement, completeness = scores(graph, inf)
     return PromptGraph(prompt=prompt, slug=slug(prompt, taken), tokens=[_display(tokenizer, i) for i in ids],
                        token_ids=ids, targets=[_display(tokenizer, int(i)) for i in targets], graph=graph,
                        node_mask=node_mask, edge_mask=edge_mask, cumulative=cumulative, replacement=replacement,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from circuits.sites import OUTPUT_SITE
 from circuits.attribution import INPUT, INPUT_ERROR, KINDS, LOGIT, OUTPUT, OUTPUT_ERROR, TOKEN
 from pipelines.engine.files import read_json, write_json
 from pipelines.graph.build import PromptGraph
@@ -74,7 +75,7 @@ def _site(kind: int, layer: int, sites: dict[int, str]) -> str:
         return "logits"
     if kind in (INPUT, INPUT_ERROR):
         return sites[layer]
-    return "mlp_out"
+    return OUTPUT_SITE
 
 
 def edge_frame(pg: PromptGraph, nodes: pd.DataFrame) -> pd.DataFrame:
