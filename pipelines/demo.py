@@ -14,12 +14,13 @@ from circuits.sites import DEFAULT_SAE_SITES
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.corpus import LEXICON_FILE
-from pipelines.data.stories import StoryConfig
+from pipelines.data.stories import StoryConfig, generate_stories
 from pipelines.engine.files import write_json
 from pipelines.engine.paths import RunPaths
 from pipelines.explorer.site import write_explorer
+from pipelines.graph.stage import make_graphs, summary
 from pipelines.inputs import ModelInputs, StageInputs
-from pipelines.jobs import CircuitsJob, FeaturesJob, LMJob, SAEJob, VerdictsJob
+from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, LMJob, SAEJob, VerdictsJob
 from pipelines.lm.model import PRESETS
 from pipelines.lm.training import LMTrainConfig
 from pipelines.report.page import ReportConfig, write_report
@@ -43,6 +44,7 @@ class DemoConfig(Config):
     features: FeaturesJob = option(doc="feature descriptions", factory=lambda: FeaturesJob(sites=DEFAULT_SAE_SITES))
     verdicts: VerdictsJob = option(doc="group gates, ablations and verdicts", factory=VerdictsJob)
     report: ReportConfig = option(doc="the HTML report", factory=ReportConfig)
+    graph: GraphJob = option(doc="the attribution graph of one negation prompt of the corpus", factory=GraphJob)
     n_candidates: int = option(8, "best circuit candidates per layer printed, pairs and groups each (at most the "
                                   "verdicts' n_ablate: every one printed is ablated)", low=1)
     explorer: bool = option(True, "write the interactive explorer too")
@@ -100,10 +102,42 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     ensure_features(work, job=cfg.features, layers=layers, runtime=runtime)
     verdicts = ensure_verdicts(work, job=cfg.verdicts, layers=layers, runtime=runtime)
     print_summary(verdicts, cfg.n_candidates, time.perf_counter() - start)
+    with runtime.torch_threads():
+        print("\n".join(negation_graph(run, lm, cfg)))
     if cfg.explorer:
         write_explorer(run)
     report = write_report(run, cfg.report, lm, layers, input_site=cfg.verdicts.input_site)
     print(f"report: {report}")
+
+
+def negation_graph(run: RunPaths, lm: ModelInputs, cfg: DemoConfig) -> list[str]:
+    """Build the attribution graph of the corpus's first negation prompt, its target the word
+    the corpus has next; returns its summary from the negation's tokens."""
+    prompt, target, cue = negation_prompt(cfg.stories)
+    graph = make_graphs(run, lm, cfg.graph.replace(graph=cfg.graph.graph.replace(target=target)), [prompt])[0]
+    encoding = lm.tokenizer.encode(prompt)
+    offsets = [(0, 0)] * (len(graph.token_ids) - len(encoding.ids)) + encoding.offsets  # BOS first
+    at_cue = [i for i, (a, b) in enumerate(offsets) if a < cue[1] and b > cue[0]]
+    return [f"\nAttribution graph of {prompt!r} -> {target!r} (the corpus's next word; the negation is at tokens "
+            f"{at_cue}), with the strongest path from the negation:", *summary(graph, at_cue)]
+
+
+def negation_prompt(stories: StoryConfig) -> tuple[str, str, tuple[int, int]]:
+    """The first negated sentiment word of the demo's corpus: the story's text up to that word
+    (the prompt), the word (the target) and the negation cue's character span in the prompt."""
+    for story in generate_stories(stories.replace(n_stories=min(stories.n_stories, 50))):
+        for cue_start, cue_end in story.negation_spans:
+            word = next(s for s in story.sentiment_spans if s[0] > cue_end)
+            text = story.text[:word[0]].rstrip()
+            start = _sentence_start(text, _sentence_start(text, cue_start) - 2)  # the sentence before the negation's too
+            return text[start:], story.text[word[0]:word[1]], (cue_start - start, cue_end - start)
+    raise ValueError("the corpus has no negation: raise --negation-rate")
+
+
+def _sentence_start(text: str, at: int) -> int:
+    """Where the sentence holding character `at` starts."""
+    end = text.rfind(". ", 0, max(at, 0))
+    return 0 if end < 0 else end + 2
 
 
 def print_summary(verdicts: pd.DataFrame, n: int, seconds: float | None = None) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from circuits.attribution import (AttributionGraph, LayerSAETensors, attribute, frozen_from_cache, model_tensors,
-                                  node_influence, prune, scores)
+                                  LOGIT, TOKEN, node_influence, prune, scores, strongest_path)
 from circuits.config import Config, option
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tokenizer import BOS, display_token
@@ -66,6 +66,8 @@ class PromptGraph:
     replacement: float
     completeness: float
     sites: dict[int, str]  # layer -> input site, for the layers with SAEs
+    top_path: list[int]  # node ids of the strongest path from a token to the first target logit
+    path_strength: float  # its product of normalised edge weights
 
 
 def slug(prompt: str, taken: set[str] | None = None) -> str:
@@ -155,10 +157,13 @@ def build_graph(prompt: str, model, tokenizer, saes: dict[int, LayerSAETensors],
     inf = node_influence(graph)
     node_mask, edge_mask, cumulative = prune(graph, cfg.node_threshold, cfg.edge_threshold, inf)
     replacement, completeness = scores(graph, inf)
+    path, strength = strongest_path(graph, torch.nonzero(graph.kind == TOKEN).squeeze(1).tolist(),
+                                    int(torch.nonzero(graph.kind == LOGIT)[0]))
     return PromptGraph(prompt=prompt, slug=slug(prompt, taken), tokens=[_display(tokenizer, i) for i in ids],
                        token_ids=ids, targets=[_display(tokenizer, int(i)) for i in targets], graph=graph,
                        node_mask=node_mask, edge_mask=edge_mask, cumulative=cumulative, replacement=replacement,
-                       completeness=completeness, sites={layer: s.site for layer, s in saes.items()})
+                       completeness=completeness, sites={layer: s.site for layer, s in saes.items()},
+                       top_path=path, path_strength=strength)
 
 
 def _frozen_hooks(name: str) -> bool:

@@ -59,12 +59,14 @@ def node_frame(pg: PromptGraph, descriptions: dict[tuple[int, str, int], str]) -
         rows.append(row)
         tokens.append(token)
     incoming = g.adjacency.to(torch.float64).sum(1)
+    step = torch.full((len(kind),), -1)
+    step[pg.top_path] = torch.arange(len(pg.top_path))
     return pd.DataFrame({
         "prompt": pg.slug, "node_id": ids, "kind": [KINDS[k] for k in kind], "layer": layer, "site": sites,
         "viewer_row": rows, "pos": pos, "feature": [i if k in (INPUT, OUTPUT) else -1 for k, i in zip(kind, index)],
         "token": tokens, "value": g.value.double().numpy(), "constant": g.constant.double().numpy(),
         "incoming": incoming.numpy(), "influence": pg.cumulative.double().numpy(),
-        "kept": pg.node_mask.numpy(), "description": labels,
+        "kept": pg.node_mask.numpy(), "path_step": step.numpy(), "description": labels,
     })
 
 
