@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 K = {"demo": 16, "paper": 30, "tiny": 4}
 
@@ -29,6 +28,7 @@ def one(preset: str, n_tokens: int, threads: int) -> dict:
 
     from circuits.attribution import LayerSAETensors
     from circuits.weights import SAEWeights
+    from pipelines.engine.paths import RunPaths
     from pipelines.graph.build import GraphConfig, build_graph
     from pipelines.graph.export import write_graph
     from pipelines.lm.model import PRESETS, build_model
@@ -54,7 +54,7 @@ def one(preset: str, n_tokens: int, threads: int) -> dict:
         start = time.perf_counter()
         pg = build_graph(prompt, model, tokenizer, saes, GraphConfig())
         built = time.perf_counter()
-        write_graph(pg, Path(tmp) / "graphs", Path(tmp) / "tables", None)
+        write_graph(pg, RunPaths(tmp), None)
         done = time.perf_counter()
     kinds = pg.graph.kind
     return {"preset": preset, "tokens": n_tokens, "threads": threads, "nodes": int(kinds.numel()),

@@ -13,7 +13,6 @@ from circuits.layer import CircuitConfig
 from circuits.sites import DEFAULT_SAE_SITES
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
-from pipelines.data.corpus import LEXICON_FILE
 from pipelines.data.stories import StoryConfig, generate_stories
 from pipelines.engine.files import write_json
 from pipelines.engine.paths import RunPaths
@@ -85,9 +84,9 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     """Run every stage into `run`, keeping those already done, and print the circuits found."""
     start = time.perf_counter()
     run.root.mkdir(parents=True, exist_ok=True)
-    write_json(run.root / "demo_config.json", cfg.to_json())
+    write_json(run.demo_config, cfg.to_json())
     corpus = ensure_corpus(run, cfg.stories)
-    lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(corpus / LEXICON_FILE)))
+    lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(run.lexicon)))
     summary = ensure_lm(run, source=str(corpus), job=lm_job, runtime=runtime)
     print(f"LM: held-out loss {summary['held_out_loss']:.3f} nats ({summary['bits_per_byte']:.3f} bits per byte; "
           f"unigram entropy {summary['unigram_entropy']:.3f}); valence after a negation right "

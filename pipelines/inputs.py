@@ -22,7 +22,7 @@ from pipelines.data.tokenizer import load_tokenizer
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokens import TokenRows, TokenStore, open_token_store
 from pipelines.engine.files import digest, read_json
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import ModelPaths, RunPaths
 from pipelines.engine.tables import provenance, table_path
 from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
 from sae.activations import iter_activations
@@ -60,7 +60,7 @@ class ModelInputs:
     @cached_property
     def token_counts(self) -> np.ndarray | None:
         """How often each token occurred in training (None for a foreign model)."""
-        path = self.folder / "token_counts.npy"
+        path = ModelPaths(self.folder).token_counts
         return np.load(path) if path.is_file() else None
 
     @cached_property
@@ -184,7 +184,6 @@ def check_tables_match(run: RunPaths, layer: int, part: str, sae_in: Path, sae_o
 
 
 RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run
-CORPUS_FILE = "corpus.json"  # in lm/: the corpus the model was trained on, for later stages' defaults
 
 
 def portable(source: str, lm: Path) -> str:
@@ -206,7 +205,7 @@ def _resolved(recorded: str, model_dir: Path) -> str:
 
 def trained_corpus(model_dir: Path) -> tuple[str, CorpusConfig] | None:
     """The corpus a model of this run was trained on, with its settings, if recorded."""
-    data = read_json(Path(model_dir) / CORPUS_FILE)
+    data = read_json(ModelPaths(model_dir).trained_corpus)
     if data is None:
         return None
     cfg = CorpusConfig.from_json(data["config"])

@@ -33,7 +33,7 @@ import pandas as pd
 import torch
 from tokenizers import Tokenizer, models
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.sites import MLP_OUT, RESID_MID
 from circuits.weights import SAEWeights
 from pipelines.data.tokens import TokenRows
@@ -53,7 +53,7 @@ class PlantedConfig(Config):
     rows: int = option(512, "rows of tokens", low=8)
     distractor_outputs: int = option(6, "outputs that square a single distractor input", low=0)
     p_distractor: float = option(0.05, "chance a distractor input is active on a token", low=0.0, high=1.0)
-    seed: int = option(0, "seeds the dictionary, the codes and the tokens")
+    seed: int = seed_option("seeds the dictionary, the codes and the tokens")
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,9 @@ def test_circuit_tracers_viewer_reads_the_served_graph(run):
 
     slug = json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"][0]["slug"]
     data = json.loads((run / "graphs" / f"{slug}.json").read_text())
-    server = graph_server(run / "graphs", 0)
+    from pipelines.engine.paths import RunPaths
+
+    server = graph_server(RunPaths(run), 0)
     assert server.server_address[0] == "127.0.0.1"
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.spectra import group_positions
 from circuits.weights import SAEWeights
 from pipelines.data.labels import LEXICON_CHANNEL
@@ -53,7 +53,7 @@ class FeatureConfig(Config):
     min_label_tokens: int = option(20, "active tokens a feature needs before a label is given", low=1)
     boost_sd: float = option(1.0, "|boost_sd| that puts 'predicts ... words' in the description", low=0.0)
     batch_rows: int = option(32, "rows per model pass", low=1, runtime=True)
-    seed: int = option(0, "seeds the sample of activations the quantile contexts are drawn from")
+    seed: int = seed_option("seeds the sample of activations the quantile contexts are drawn from")
 
 
 def logit_effects(model: HookedTransformer, directions: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.groups import MAX_MEMBERS
 from circuits.sites import OUTPUT_SITE
 
@@ -85,7 +85,7 @@ class VerdictConfig(Config):
     ablate_rows: int = option(256, "held-out rows searched for ablation tokens", low=1)
     ablate_tokens: int = option(256, "tokens per ablated candidate: a seeded sample of those where both inputs are "
                                      "on and the output is active", low=1)
-    seed: int = option(0, "seeds the sample of ablation tokens")
+    seed: int = seed_option("seeds the sample of ablation tokens")
 
     def check(self) -> None:
         unknown = [g for g in self.groups if g not in SOURCES]

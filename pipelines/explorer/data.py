@@ -417,10 +417,10 @@ def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list
         "missing": dict(sorted(tables.missing.items())),
         "counts": [{"layer": k[0], "site": k[1], "n": v} for k, v in sorted(counts.items())],
         "sae_metrics": encode_table(metrics.sort_values(["layer", "site"]) if metrics is not None else None),
-        "report": (run.report / "index.html").is_file(),
+        "report": run.report_page.is_file(),
         # attribution graphs: their JSON, opened in circuit-tracer's viewer by `graph --serve`
         "graphs": [{"slug": g["slug"], "prompt": g["prompt"]}
-                   for g in (read_json(run.graphs / "graph-metadata.json") or {"graphs": []})["graphs"]],
+                   for g in (read_json(run.graph_index) or {"graphs": []})["graphs"]],
         "digits": DIGITS,
         "lowrank": {}, "hosvd": {},
     }

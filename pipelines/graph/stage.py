@@ -28,7 +28,7 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
     for prompt in tqdm(prompts, desc="attribution graphs", unit="prompt", disable=not progress or len(prompts) < 2):
         pg = build_graph(prompt, model, inputs.tokenizer, saes, cfg, taken)
         taken.add(pg.slug)
-        write_graph(pg, run.graphs, run.tables, features)
+        write_graph(pg, run, features)
         done.append(pg)
     return done
 

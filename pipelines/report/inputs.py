@@ -21,7 +21,7 @@ from circuits.sites import input_gain
 from circuits.weights import from_hooked_transformer
 from pipelines import schemas
 from pipelines.engine.files import read_json
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import ModelPaths, RunPaths
 from pipelines.inputs import LayerSAEs
 
 SCATTER_RANKS = (1, 2)  # ranks of lowrank_samples a scatter shows, with the largest stored
@@ -57,7 +57,8 @@ class ReportData:
 
 
 def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_dir) -> ReportData:
-    return ReportData(run, layers, input_site, read_json(model_dir / "summary.json"), read_json(model_dir / "config.json"))
+    files = ModelPaths(model_dir)
+    return ReportData(run, layers, input_site, read_json(files.summary), read_json(files.config))
 
 
 def scatter_samples(samples: pd.DataFrame | None, layer: int, feature: int) -> pd.DataFrame:

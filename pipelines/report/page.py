@@ -22,13 +22,12 @@ from tqdm.auto import tqdm
 from circuits.config import Config, option
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines.engine.files import atomic_dir, read_json
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.report import figures
 from pipelines.schemas import read
 from pipelines.inputs import LayerSAEs, ModelInputs, SAEPaths, check_tables_match, layer_saes
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
-INDEX = "index.html"
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_score",
                      "contribution_share", "coactivation", "and_data", "split_pair", "drop_a", "drop_b", "verdict",
@@ -76,12 +75,12 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: 
             page["layers"].append(_layer_section(data, layer, pictures, cfg, inputs, saes.get(layer)))
             steps.update(1)
         page["graphs"] = _graphs(run, pictures)
-        page["explorer"] = (run.explorer / "index.html").is_file()
+        page["explorer"] = run.explorer_page.is_file()
         html = _environment().get_template("report.html").render(**page)
         (folder / INDEX).write_text(html, encoding="utf-8")
         steps.update(2)
     steps.close()
-    return run.report / INDEX
+    return run.report_page
 
 
 class _Pictures:
