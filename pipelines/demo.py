@@ -3,6 +3,7 @@ candidates, pairs and group gates, checked on data, and the negation gates among
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -116,9 +117,13 @@ def negation_graph(run: RunPaths, lm: ModelInputs, cfg: DemoConfig) -> list[str]
     graph = make_graphs(run, lm, cfg.graph.replace(graph=cfg.graph.graph.replace(target=target)), [prompt])[0]
     encoding = lm.tokenizer.encode(prompt)
     offsets = [(0, 0)] * (len(graph.token_ids) - len(encoding.ids)) + encoding.offsets  # BOS first
-    at_cue = [i for i, (a, b) in enumerate(offsets) if a < cue[1] and b > cue[0]]
+    # the corpus's negation span runs from the cue to the flipped word ("didn't feel"): keep the cue's tokens
+    at_cue = [i for i, (a, b) in enumerate(offsets) if a < cue[1] and b > cue[0] and NEGATION.search(graph.tokens[i])]
     return [f"\nAttribution graph of {prompt!r} -> {target!r} (the corpus's next word; the negation is at tokens "
             f"{at_cue}), with the strongest path from the negation:", *summary(graph, at_cue)]
+
+
+NEGATION = re.compile(r"not|n't|^##'t$|never")  # the pieces of the corpus's negation cues
 
 
 def negation_prompt(stories: StoryConfig) -> tuple[str, str, tuple[int, int]]:
