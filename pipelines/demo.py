@@ -113,13 +113,14 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
 def negation_graph(run: RunPaths, lm: ModelInputs, cfg: DemoConfig) -> list[str]:
     """Build the attribution graph of the corpus's first negation prompt, its target the word
     the corpus has next; returns its summary from the negation's tokens."""
-    prompt, target, cue = negation_prompt(cfg.stories)
+    prompt, word, cue = negation_prompt(cfg.stories)
+    target = lm.tokenizer.id_to_token(lm.tokenizer.encode(word).ids[0])  # the word's first piece: what comes next
     graph = make_graphs(run, lm, cfg.graph.replace(graph=cfg.graph.graph.replace(target=target)), [prompt])[0]
     encoding = lm.tokenizer.encode(prompt)
     offsets = [(0, 0)] * (len(graph.token_ids) - len(encoding.ids)) + encoding.offsets  # BOS first
     # the corpus's negation span runs from the cue to the flipped word ("didn't feel"): keep the cue's tokens
     at_cue = [i for i, (a, b) in enumerate(offsets) if a < cue[1] and b > cue[0] and NEGATION.search(graph.tokens[i])]
-    return [f"\nAttribution graph of {prompt!r} -> {target!r} (the corpus's next word; the negation is at tokens "
+    return [f"\nAttribution graph of {prompt!r} -> {word!r} (the corpus's next word; the negation is at tokens "
             f"{at_cue}), with the strongest path from the negation:", *summary(graph, at_cue)]
 
 

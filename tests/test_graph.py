@@ -193,3 +193,20 @@ def test_circuit_tracers_viewer_reads_the_served_graph(run):
     assert sorted(seen["nodes"]) == sorted(n["node_id"] for n in data["nodes"])
     assert seen["links"] == len(data["links"])
     assert all(p > 0 for p in seen["logits"])  # the viewer parses each logit's probability from its label
+
+
+def test_demo_graph_of_a_negation_prompt(run):
+    """The demo's graph: a prompt of the corpus ending just before a negated sentiment word,
+    its target that word's first piece, the printed path starting at the negation's token."""
+    from pipelines.demo import NEGATION, DemoConfig, negation_graph, negation_prompt
+    from pipelines.engine.paths import RunPaths
+    from pipelines.inputs import ModelInputs
+
+    cfg = DemoConfig.small()
+    prompt, word, cue = negation_prompt(cfg.stories)
+    assert NEGATION.search(prompt[cue[0]:cue[1]]) and not prompt.endswith(word)
+    lines = negation_graph(RunPaths(run), ModelInputs(run / "lm"), cfg)
+    path = next(line for line in lines if "strongest path:" in line).split("strongest path: ")[1]
+    first = path.split(" -> ")[0]
+    assert path != "none" and NEGATION.search(first.split('"')[1]), lines
+    assert path.split(" -> ")[-1].startswith("logit")
