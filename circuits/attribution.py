@@ -147,6 +147,19 @@ def attention_transpose(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int)
     return back * (m.g1[layer] / f.scale1[layer].unsqueeze(-1))
 
 
+def attention_transpose_at(read: torch.Tensor, pos: torch.Tensor, m: ModelTensors, f: Frozen,
+                           layer: int) -> torch.Tensor:
+    """`attention_transpose` of read vectors that sit at one position each: `read [T, d]` at
+    positions `pos [T]` -> `[T, n, d]`. Through head h the read becomes one vector
+    `y_h = W_V[h] W_O[h] read` spread over positions by the pattern's row, so this costs
+    `T d^2 + T n heads d` instead of `2 T n d^2`."""
+    H, d, e = m.W_V[layer].shape
+    u = (read @ m.W_O[layer].reshape(H * e, d).T).unflatten(-1, (H, e))  # [T, H, e]
+    y = torch.einsum("the,hde->thd", u, m.W_V[layer])  # [T, H, d]
+    rows = f.pattern[layer][:, pos].transpose(0, 1)  # [T, H, n]: each target's query row
+    return (rows.transpose(1, 2) @ y) * (m.g1[layer] / f.scale1[layer].unsqueeze(-1))
+
+
 def mlp_input(r: torch.Tensor, m: ModelTensors, f: Frozen, layer: int) -> torch.Tensor:
     """The MLP input `g2 * r / scale2` of resid_mid `r [n, d]` (or parts `[..., n, d]`)."""
     return r * (m.mlps[layer].g / f.scale2[layer].unsqueeze(-1))
@@ -176,8 +189,8 @@ def frozen_forward(m: ModelTensors, f: Frozen) -> dict[str, torch.Tensor]:
             "resid_final": r, "logits": logits}
 
 
-def read_back(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int,
-              out_b_dec: list[torch.Tensor | None]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+def read_back(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int, out_b_dec: list[torch.Tensor | None],
+              positions: torch.Tensor | None = None) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Carry read vectors back through the residual stream, MLPs cut (they are nodes).
 
     G `[T, n, d]`: each target's read vector at resid_mid of `layer` (`layer == n_layers`: the
@@ -185,13 +198,17 @@ def read_back(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int,
     [T, n, d]` is the read at resid_pre of that slot (what the embeddings, slot 0, or the MLP of
     layer slot-1 write into) and `constant [T]` what the constants between this slot and the
     previous one contributed (attention biases, the output SAE's `b_dec` of layer slot-1, given
-    per layer in `out_b_dec`, None where a layer has no output SAE).
+    per layer in `out_b_dec`, None where a layer has no output SAE). `positions [T]`: each
+    target reads at this one position only (a cheaper first step).
     """
     for slot in range(layer, -1, -1):
         constant = G.new_zeros(G.shape[0])
         if slot < m.n_layers:
             constant += G.sum(1) @ attention_constant(m, slot)
-            G = G + attention_transpose(G, m, f, slot)
+            if slot == layer and positions is not None:
+                G = G + attention_transpose_at(G[torch.arange(len(positions)), positions], positions, m, f, slot)
+            else:
+                G = G + attention_transpose(G, m, f, slot)
         if slot > 0 and out_b_dec[slot - 1] is not None:
             constant += G.sum(1) @ out_b_dec[slot - 1]
         yield slot, G, constant
@@ -331,12 +348,13 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
         writers[layer + 1] = _by_position(ids, torch.cat([pos_o, ar]), torch.cat([vec_o, err_o]), n)
     out_b_dec = [saes[layer].sae_out.b_dec if layer in saes else None for layer in range(L)]
 
-    def linear_targets(ids: torch.Tensor, G: torch.Tensor, layer: int, base: torch.Tensor) -> None:
+    def linear_targets(ids: torch.Tensor, G: torch.Tensor, layer: int, base: torch.Tensor,
+                       positions: torch.Tensor | None) -> None:
         """Targets `ids` reading `G [T, n', d]` at resid_mid of `layer`, at positions below n'
-        (later positions cannot reach them)."""
+        (later positions cannot reach them); `positions`: each reads at this one only."""
         constant = base.clone()
         short = G.shape[1]
-        for slot, G_slot, c in read_back(G, m, f.prefix(short), layer, out_b_dec):
+        for slot, G_slot, c in read_back(G, m, f.prefix(short), layer, out_b_dec, positions):
             constant += c
             src, spos, column, padded = writers[slot]
             here = spos < short
@@ -357,14 +375,14 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
             G[torch.arange(len(p)), p] = read
             shift = s.sae_in.b_dec if s.sae_in.apply_b_dec_to_input else torch.zeros_like(s.sae_in.b_dec)
             base = s.sae_in.b_enc[i] - shift @ s.sae_in.W_enc[:, i]
-            linear_targets(first + start + torch.arange(len(p)), G, layer, base)
+            linear_targets(first + start + torch.arange(len(p)), G, layer, base, p)
             if progress is not None:
                 progress(len(p))
     # ---- logits: linear in the final residual
     read = (m.W_U[:, target_tokens] - m.W_U.mean(1, keepdim=True)).T * (m.g_final / f.scale_final[-1])
     G = torch.zeros(k, n, read.shape[1], dtype=dtype)
     G[:, n - 1] = read
-    linear_targets(where[(LOGIT, L)] + torch.arange(k), G, L, m.b_U[target_tokens] - m.b_U.mean())
+    linear_targets(where[(LOGIT, L)] + torch.arange(k), G, L, m.b_U[target_tokens] - m.b_U.mean(), None)
 
     # ---- output features: the exact partition of the MLP's quadratic form
     ands = []

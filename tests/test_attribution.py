@@ -230,3 +230,22 @@ def test_pruning_scores_and_paths_on_a_planted_chain():
     assert strongest_path(graph, [1], 5) == ([1, 4, 5], pytest.approx(0.01 / 10.01))
     assert strongest_path(graph, [0, 1], 5)[0] == [0, 2, 5]
     assert strongest_path(graph, [3], 0) == ([], 0.0)
+
+
+def test_attention_adjoint_and_its_one_position_form():
+    """`attention_transpose` is the adjoint of `attention_linear` (<G, A r> = <A^T G, r>), and
+    for reads at one position each the cheap form gives the same vectors."""
+    from circuits.attribution import attention_transpose, attention_transpose_at
+
+    _, m, f, _, _, _ = _setup("demo", 9)
+    g = torch.Generator().manual_seed(3)
+    r, G = torch.randn(9, 128, generator=g, dtype=D), torch.randn(5, 9, 128, generator=g, dtype=D)
+    for layer in range(m.n_layers):
+        lhs = (G * attention_linear(r, m, f, layer)).sum((1, 2))
+        rhs = (attention_transpose(G, m, f, layer) * r).sum((1, 2))
+        torch.testing.assert_close(lhs, rhs)
+        pos = torch.tensor([0, 3, 8, 8, 5])
+        one = torch.zeros_like(G)
+        one[torch.arange(5), pos] = G[torch.arange(5), pos]
+        torch.testing.assert_close(attention_transpose_at(G[torch.arange(5), pos], pos, m, f, layer),
+                                   attention_transpose(one, m, f, layer))
