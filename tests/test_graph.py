@@ -210,3 +210,15 @@ def test_demo_graph_of_a_negation_prompt(run):
     first = path.split(" -> ")[0]
     assert path != "none" and NEGATION.search(first.split('"')[1]), lines
     assert path.split(" -> ")[-1].startswith("logit")
+
+
+def test_report_draws_each_graph(run, tmp_path):
+    from pipelines.engine.paths import RunPaths
+    from pipelines.report.page import _graphs, _Pictures
+
+    shown = _graphs(RunPaths(run), _Pictures(tmp_path, 40))
+    slugs = {g["slug"] for g in json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"]}
+    assert {g["slug"] for g in shown} <= slugs and len(shown) == min(3, len(slugs))
+    for g in shown:
+        assert (tmp_path / g["picture"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert 0 <= g["replacement"] <= 1 and 0 <= g["completeness"] <= 1 and g["path"]
