@@ -166,7 +166,7 @@
     nav.innerHTML = `<a href="${link("/")}">Index</a> <span class="layers">Layers: ${layers || "none"}</span>` +
       (meta.report ? ' <a href="../report/index.html">Report</a>' : "") +
       (meta.graphs && meta.graphs.length ? ' <span class="graphs">Graphs: ' + meta.graphs.map((g) =>
-        `<a href="http://127.0.0.1:8032/index.html?slug=${encodeURIComponent(g.slug)}" title="${esc(g.prompt)} ` +
+        `<a href="${esc(g.viewer)}" title="${esc(g.prompt)} ` +
         `(circuit-tracer's viewer: run bilinear-circuits graph --serve)">${esc(g.prompt.slice(0, 24))}</a> ` +
         `(<a href="../graphs/${encodeURIComponent(g.slug)}.json">JSON</a>)`).join(", ") + "</span>" : "");
     const sw = document.getElementById("site-switch");
