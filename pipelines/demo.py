@@ -116,27 +116,40 @@ def negation_graph(run: RunPaths, lm: ModelInputs, cfg: DemoConfig) -> list[str]
     prompt, word, cue = negation_prompt(cfg.stories)
     target = lm.tokenizer.id_to_token(lm.tokenizer.encode(word).ids[0])  # the word's first piece: what comes next
     graph = make_graphs(run, lm, cfg.graph.replace(graph=cfg.graph.graph.replace(target=target)), [prompt])[0]
-    encoding = lm.tokenizer.encode(prompt)
-    offsets = [(0, 0)] * (len(graph.token_ids) - len(encoding.ids)) + encoding.offsets  # BOS first
-    # the corpus's negation span runs from the cue to the flipped word ("didn't feel"): keep the cue's tokens
-    at_cue = [i for i, (a, b) in enumerate(offsets) if a < cue[1] and b > cue[0] and NEGATION.search(graph.tokens[i])]
+    at_cue = cue_tokens(graph, lm.tokenizer, cue)
     return [f"\nAttribution graph of {prompt!r} -> {word!r} (the corpus's next word; the negation is at tokens "
             f"{at_cue}), with the strongest path from the negation:", *summary(graph, at_cue)]
+
+
+def cue_tokens(graph, tokenizer, cue: tuple[int, int]) -> list[int]:
+    """Positions of the negation cue's tokens in a graph of a `negation_prompts` prompt (the
+    corpus's span runs from the cue on to the flipped word, "didn't feel": only the cue's)."""
+    encoding = tokenizer.encode(graph.prompt)
+    offsets = [(0, 0)] * (len(graph.token_ids) - len(encoding.ids)) + encoding.offsets  # BOS first
+    return [i for i, (a, b) in enumerate(offsets) if a < cue[1] and b > cue[0] and NEGATION.search(graph.tokens[i])]
 
 
 NEGATION = re.compile(r"not|n't|^##'t$|never")  # the pieces of the corpus's negation cues
 
 
-def negation_prompt(stories: StoryConfig) -> tuple[str, str, tuple[int, int]]:
-    """The first negated sentiment word of the demo's corpus: the story's text up to that word
-    (the prompt), the word (the target) and the negation cue's character span in the prompt."""
-    for story in generate_stories(stories.replace(n_stories=min(stories.n_stories, 50))):
+def negation_prompts(stories: StoryConfig, n_stories: int = 50):
+    """The negated sentiment words of the first `n_stories` stories of the demo's corpus, each as
+    (prompt: the story's text up to that word, from the sentence before the negation's; the
+    word; the negation's character span in the prompt)."""
+    for story in generate_stories(stories.replace(n_stories=min(stories.n_stories, n_stories))):
         for cue_start, cue_end in story.negation_spans:
             word = next(s for s in story.sentiment_spans if s[0] > cue_end)
             text = story.text[:word[0]].rstrip()
-            start = _sentence_start(text, _sentence_start(text, cue_start) - 2)  # the sentence before the negation's too
-            return text[start:], story.text[word[0]:word[1]], (cue_start - start, cue_end - start)
-    raise ValueError("the corpus has no negation: raise --negation-rate")
+            start = _sentence_start(text, _sentence_start(text, cue_start) - 2)
+            yield text[start:], story.text[word[0]:word[1]], (cue_start - start, cue_end - start)
+
+
+def negation_prompt(stories: StoryConfig) -> tuple[str, str, tuple[int, int]]:
+    """The first of `negation_prompts`."""
+    found = next(negation_prompts(stories), None)
+    if found is None:
+        raise ValueError("the corpus has no negation: raise --negation-rate")
+    return found
 
 
 def _sentence_start(text: str, at: int) -> int:
