@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from circuits.sae_basis import preactivation_offset
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID
 from circuits.bilinear import output_constant
 from circuits.weights import MLPWeights, SAEWeights
 from circuits.sites import MLP_IN, MLP_OUT, RESID_MID
@@ -81,6 +82,11 @@ class Frozen:
     scale1: torch.Tensor  # [n_layers, n], before attention
     scale2: torch.Tensor  # [n_layers, n], before the MLP
     scale_final: torch.Tensor  # [n]
+
+    def prefix(self, n: int) -> "Frozen":
+        """The first `n` positions: exact for them, since attention is causal."""
+        return Frozen(self.tokens[:n], self.pattern[:, :, :n, :n], self.scale1[:, :n], self.scale2[:, :n],
+                      self.scale_final[:n])
 
 
 def model_tensors(model, dtype: torch.dtype = torch.float64) -> ModelTensors:
@@ -124,19 +130,35 @@ def attention_constant(m: ModelTensors, layer: int) -> torch.Tensor:
 def attention_linear(r: torch.Tensor, m: ModelTensors, f: Frozen, layer: int) -> torch.Tensor:
     """The frozen attention's linear part applied to residual parts `r [..., n, d]` -> `[..., n, d]`:
     `out_t = sum_h sum_s A[h,t,s] (g1 * r_s / scale1_s) W_V[h] W_O[h]`."""
+    H, d, e = m.W_V[layer].shape
     x = r * (m.g1[layer] / f.scale1[layer].unsqueeze(-1))
-    v = torch.einsum("...sd,hde->...hse", x, m.W_V[layer])
-    z = torch.einsum("hts,...hse->...hte", f.pattern[layer], v)
-    return torch.einsum("...hte,hed->...td", z, m.W_O[layer])
+    v = (x @ m.W_V[layer].permute(1, 0, 2).reshape(d, H * e)).unflatten(-1, (H, e)).transpose(-2, -3)
+    z = f.pattern[layer] @ v  # [..., H, n, e]
+    return z.transpose(-2, -3).flatten(-2) @ m.W_O[layer].reshape(H * e, d)
 
 
 def attention_transpose(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int) -> torch.Tensor:
     """The adjoint of `attention_linear`: read vectors `G [..., n, d]` at resid_mid -> the read
-    vectors they induce at resid_pre through attention, `[..., n, d]`."""
-    u = torch.einsum("...td,hed->...hte", G, m.W_O[layer])
-    w = torch.einsum("hts,...hte->...hse", f.pattern[layer], u)
-    back = torch.einsum("...hse,hde->...sd", w, m.W_V[layer])
+    vectors they induce at resid_pre through attention, `[..., n, d]`. Plain matrix products
+    (an einsum of these shapes runs several times slower)."""
+    H, d, e = m.W_V[layer].shape
+    u = (G @ m.W_O[layer].reshape(H * e, d).T).unflatten(-1, (H, e)).transpose(-2, -3)  # [..., H, n, e]
+    w = f.pattern[layer].transpose(-1, -2) @ u  # [..., H, n(s), e]
+    back = w.transpose(-2, -3).flatten(-2) @ m.W_V[layer].permute(1, 0, 2).reshape(d, H * e).T
     return back * (m.g1[layer] / f.scale1[layer].unsqueeze(-1))
+
+
+def attention_transpose_at(read: torch.Tensor, pos: torch.Tensor, m: ModelTensors, f: Frozen,
+                           layer: int) -> torch.Tensor:
+    """`attention_transpose` of read vectors that sit at one position each: `read [T, d]` at
+    positions `pos [T]` -> `[T, n, d]`. Through head h the read becomes one vector
+    `y_h = W_V[h] W_O[h] read` spread over positions by the pattern's row, so this costs
+    `T d^2 + T n heads d` instead of `2 T n d^2`."""
+    H, d, e = m.W_V[layer].shape
+    u = (read @ m.W_O[layer].reshape(H * e, d).T).unflatten(-1, (H, e))  # [T, H, e]
+    y = torch.einsum("the,hde->thd", u, m.W_V[layer])  # [T, H, d]
+    rows = f.pattern[layer][:, pos].transpose(0, 1)  # [T, H, n]: each target's query row
+    return (rows.transpose(1, 2) @ y) * (m.g1[layer] / f.scale1[layer].unsqueeze(-1))
 
 
 def mlp_input(r: torch.Tensor, m: ModelTensors, f: Frozen, layer: int) -> torch.Tensor:
@@ -168,8 +190,8 @@ def frozen_forward(m: ModelTensors, f: Frozen) -> dict[str, torch.Tensor]:
             "resid_final": r, "logits": logits}
 
 
-def read_back(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int,
-              out_b_dec: list[torch.Tensor | None]) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+def read_back(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int, out_b_dec: list[torch.Tensor | None],
+              positions: torch.Tensor | None = None) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Carry read vectors back through the residual stream, MLPs cut (they are nodes).
 
     G `[T, n, d]`: each target's read vector at resid_mid of `layer` (`layer == n_layers`: the
@@ -177,13 +199,17 @@ def read_back(G: torch.Tensor, m: ModelTensors, f: Frozen, layer: int,
     [T, n, d]` is the read at resid_pre of that slot (what the embeddings, slot 0, or the MLP of
     layer slot-1 write into) and `constant [T]` what the constants between this slot and the
     previous one contributed (attention biases, the output SAE's `b_dec` of layer slot-1, given
-    per layer in `out_b_dec`, None where a layer has no output SAE).
+    per layer in `out_b_dec`, None where a layer has no output SAE). `positions [T]`: each
+    target reads at this one position only (a cheaper first step).
     """
     for slot in range(layer, -1, -1):
         constant = G.new_zeros(G.shape[0])
         if slot < m.n_layers:
             constant += G.sum(1) @ attention_constant(m, slot)
-            G = G + attention_transpose(G, m, f, slot)
+            if slot == layer and positions is not None:
+                G = G + attention_transpose_at(G[torch.arange(len(positions)), positions], positions, m, f, slot)
+            else:
+                G = G + attention_transpose(G, m, f, slot)
         if slot > 0 and out_b_dec[slot - 1] is not None:
             constant += G.sum(1) @ out_b_dec[slot - 1]
         yield slot, G, constant
@@ -198,7 +224,7 @@ def pair_terms(parts: torch.Tensor, mlp: MLPWeights, E: torch.Tensor) -> torch.T
     """
     a, c = parts @ mlp.W_gate, parts @ mlp.W_in  # [P, h]
     w = E @ mlp.W_out.T  # [F, h]
-    T = torch.einsum("ph,fh,qh->fpq", a, w, c)
+    T = (w.unsqueeze(1) * a.unsqueeze(0)) @ c.T  # [F, P, P]
     return 0.5 * (T + T.transpose(1, 2))
 
 
@@ -315,22 +341,26 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
     graph.probability[where[(LOGIT, L)]:] = torch.softmax(logits, -1)[target_tokens]
 
     # ---- residual writers by slot: (node ids [W], positions [W], vectors [W, d])
-    writers = {0: (ar, ar, m.W_E[f.tokens])}
+    writers = {0: _by_position(ar, ar, m.W_E[f.tokens], n)}
     for layer in range(L):
         pos_o, vec_o, err_o = writes[layer]
         first = where.get((OUTPUT, layer), 0)
         ids = torch.cat([first + torch.arange(len(pos_o)), where[(OUTPUT_ERROR, layer)] + ar])
-        writers[layer + 1] = (ids, torch.cat([pos_o, ar]), torch.cat([vec_o, err_o]))
+        writers[layer + 1] = _by_position(ids, torch.cat([pos_o, ar]), torch.cat([vec_o, err_o]), n)
     out_b_dec = [saes[layer].sae_out.b_dec if layer in saes else None for layer in range(L)]
 
-    def linear_targets(ids: torch.Tensor, G: torch.Tensor, layer: int, base: torch.Tensor) -> None:
+    def linear_targets(ids: torch.Tensor, G: torch.Tensor, layer: int, base: torch.Tensor,
+                       positions: torch.Tensor | None) -> None:
+        """Targets `ids` reading `G [T, n', d]` at resid_mid of `layer`, at positions below n'
+        (later positions cannot reach them); `positions`: each reads at this one only."""
         constant = base.clone()
-        for slot, G_slot, c in read_back(G, m, f, layer, out_b_dec):
+        short = G.shape[1]
+        for slot, G_slot, c in read_back(G, m, f.prefix(short), layer, out_b_dec, positions):
             constant += c
-            src, spos, vec = writers[slot]
-            for p in spos.unique().tolist():
-                sel = spos == p
-                graph.adjacency[ids.unsqueeze(1), src[sel].unsqueeze(0)] = (G_slot[:, p] @ vec[sel].T).to(edge_dtype)
+            src, spos, column, padded = writers[slot]
+            here = spos < short
+            edges = torch.bmm(G_slot.transpose(0, 1), padded[:short])  # [n', T, most writers at a position]
+            graph.adjacency[ids.unsqueeze(1), src[here].unsqueeze(0)] = edges[spos[here], :, column[here]].T.to(edge_dtype)
         graph.constant[ids] = constant
 
     # ---- input features: linear in the residual stream at resid_mid
@@ -342,18 +372,18 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
             read = s.sae_in.W_enc[:, i].T  # [T, d] at the SAE's site
             if s.site == MLP_IN:  # the SAE reads g2 * r / scale2
                 read = read * (m.mlps[layer].g / f.scale2[layer][p].unsqueeze(1))
-            G = torch.zeros(len(p), n, read.shape[1], dtype=dtype)
+            G = torch.zeros(len(p), int(p.max()) + 1, read.shape[1], dtype=dtype)  # inputs are ordered by position
             G[torch.arange(len(p)), p] = read
             shift = s.sae_in.b_dec if s.sae_in.apply_b_dec_to_input else torch.zeros_like(s.sae_in.b_dec)
             base = s.sae_in.b_enc[i] - shift @ s.sae_in.W_enc[:, i]
-            linear_targets(first + start + torch.arange(len(p)), G, layer, base)
+            linear_targets(first + start + torch.arange(len(p)), G, layer, base, p)
             if progress is not None:
                 progress(len(p))
     # ---- logits: linear in the final residual
     read = (m.W_U[:, target_tokens] - m.W_U.mean(1, keepdim=True)).T * (m.g_final / f.scale_final[-1])
     G = torch.zeros(k, n, read.shape[1], dtype=dtype)
     G[:, n - 1] = read
-    linear_targets(where[(LOGIT, L)] + torch.arange(k), G, L, m.b_U[target_tokens] - m.b_U.mean())
+    linear_targets(where[(LOGIT, L)] + torch.arange(k), G, L, m.b_U[target_tokens] - m.b_U.mean(), None)
 
     # ---- output features: the exact partition of the MLP's quadratic form
     ands = []
@@ -387,6 +417,19 @@ def attribute(m: ModelTensors, f: Frozen, saes: dict[int, LayerSAETensors], targ
     if ands:
         graph.and_target, graph.and_a, graph.and_b, graph.and_weight = (torch.cat(c) for c in zip(*ands))
     return graph
+
+
+def _by_position(ids: torch.Tensor, pos: torch.Tensor, vectors: torch.Tensor, n: int):
+    """Writers grouped by position for one batched product: (ids `[W]`, positions `[W]`, column
+    of each within its position `[W]`, vectors padded with zeros `[n, d, most at a position]`)."""
+    order = torch.argsort(pos, stable=True)
+    ids, pos, vectors = ids[order], pos[order], vectors[order]
+    counts = torch.bincount(pos, minlength=n)
+    starts = torch.cumsum(counts, 0) - counts
+    column = torch.arange(len(pos)) - starts[pos]
+    padded = vectors.new_zeros(n, vectors.shape[1], int(counts.max()) if len(pos) else 0)
+    padded[pos, :, column] = vectors
+    return ids, pos, column, padded
 
 
 def _cap(z_in: dict, z_out: dict, saes: dict[int, LayerSAETensors], max_features: int | None):
@@ -436,33 +479,38 @@ def influence(adjacency: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def _threshold(scores: torch.Tensor, share: float) -> torch.Tensor:
-    """The score at which the largest scores reach `share` of their total."""
-    ordered = scores.sort(descending=True).values
+    """The score at which the largest scores reach `share` of their total (zeros, most of a
+    graph's possible edges, change no cumulative share, so only nonzero scores are sorted)."""
+    nonzero = scores[scores != 0]
+    if not len(nonzero):
+        return scores.new_zeros(())
+    ordered = nonzero.sort(descending=True).values
     cumulative = ordered.cumsum(0) / ordered.sum().clamp_min(1e-30)
     return ordered[min(int(torch.searchsorted(cumulative, share)), len(ordered) - 1)]
 
 
-def prune(graph: AttributionGraph, node_threshold: float = 0.8,
-          edge_threshold: float = 0.98) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def prune(graph: AttributionGraph, node_threshold: float = 0.8, edge_threshold: float = 0.98,
+          node_inf: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Circuit-tracer's pruning: keep the nodes of largest influence up to `node_threshold` of
     the total (tokens and logits always), then the edges of largest influence (normalised
     weight times the influence of its target, plus the target's logit weight) up to
     `edge_threshold`; then drop, repeatedly, features and errors left without an outgoing kept
-    edge and features without an incoming one. Returns (node mask `[N]`, edge mask `[N, N]`,
-    cumulative influence share `[N]`: the share of all influence held by nodes at least as
-    influential)."""
+    edge and features without an incoming one. `node_inf`: `node_influence(graph)` if already
+    known. Returns (node mask `[N]`, edge mask `[N, N]`, cumulative influence share `[N]`: the
+    share of all influence held by nodes at least as influential)."""
     A = graph.adjacency
     weights = graph.probability.to(A.dtype)
-    node_inf = influence(A, weights)
+    node_inf = node_influence(graph) if node_inf is None else node_inf
     always = (graph.kind == TOKEN) | (graph.kind == LOGIT)
-    nodes = (node_inf >= _threshold(node_inf, node_threshold)) | always
-    kept = A * nodes.unsqueeze(1) * nodes.unsqueeze(0)
-    normal = normalised(kept)
-    edge_inf = normal * (influence(kept, weights) + weights).unsqueeze(1)
-    edges = edge_inf >= _threshold(edge_inf.flatten(), edge_threshold)
-    edges &= kept != 0
-    features = (graph.kind == INPUT) | (graph.kind == OUTPUT)
-    middle = ~always
+    keep = torch.nonzero((node_inf >= _threshold(node_inf, node_threshold)) | always).squeeze(1)
+    # the edges among kept nodes only: the same scores as on the full matrix with the rest zeroed
+    kept = A[keep][:, keep]
+    w = weights[keep]
+    edge_inf = normalised(kept) * (influence(kept, w) + w).unsqueeze(1)
+    edges = (edge_inf >= _threshold(edge_inf.flatten(), edge_threshold)) & (kept != 0)
+    features = ((graph.kind == INPUT) | (graph.kind == OUTPUT))[keep]
+    middle = ~always[keep]
+    nodes = torch.ones(len(keep), dtype=torch.bool)
     while True:
         before = nodes.clone()
         edges &= nodes.unsqueeze(1) & nodes.unsqueeze(0)
@@ -470,13 +518,23 @@ def prune(graph: AttributionGraph, node_threshold: float = 0.8,
         nodes &= ~features | edges.any(1)
         if torch.equal(before, nodes):
             break
+    node_mask = torch.zeros(A.shape[0], dtype=torch.bool)
+    node_mask[keep] = nodes
+    edge_mask = torch.zeros(A.shape, dtype=torch.bool)
+    rows, cols = torch.nonzero(edges, as_tuple=True)
+    edge_mask[keep[rows], keep[cols]] = True
     order = node_inf.sort(descending=True)
     cumulative = torch.zeros_like(node_inf)
     cumulative[order.indices] = order.values.cumsum(0) / order.values.sum().clamp_min(1e-30)
-    return nodes, edges, cumulative
+    return node_mask, edge_mask, cumulative
 
 
-def scores(graph: AttributionGraph) -> tuple[float, float]:
+def node_influence(graph: AttributionGraph) -> torch.Tensor:
+    """Each node's influence on the logits, weighted by their probabilities. `[N]`."""
+    return influence(graph.adjacency, graph.probability.to(graph.adjacency.dtype))
+
+
+def scores(graph: AttributionGraph, node_inf: torch.Tensor | None = None) -> tuple[float, float]:
     """(replacement, completeness), as circuit-tracer defines them on the unpruned graph.
 
     Replacement: of the influence that tokens and error nodes have on the logits, the share of
@@ -485,7 +543,7 @@ def scores(graph: AttributionGraph) -> tuple[float, float]:
     """
     A = graph.adjacency
     weights = graph.probability.to(A.dtype)
-    node_inf = influence(A, weights)
+    node_inf = node_influence(graph) if node_inf is None else node_inf
     error = (graph.kind == INPUT_ERROR) | (graph.kind == OUTPUT_ERROR)
     tokens = node_inf[graph.kind == TOKEN].sum()
     replacement = tokens / (tokens + node_inf[error].sum())

@@ -245,10 +245,11 @@ def cmd_explore(args: argparse.Namespace):
 
 
 def cmd_graph(args: argparse.Namespace) -> None:
+    from pipelines.engine.files import read_json
     from pipelines.engine.paths import RunPaths
     from pipelines.graph.build import read_prompts
-    from pipelines.graph.serve import graph_server
-    from pipelines.graph.stage import make_graphs, summary
+    from pipelines.graph.serve import graph_server, viewer_url
+    from pipelines.graph.stage import describe, make_graphs
     from pipelines.inputs import ModelInputs
     from pipelines.jobs import GraphJob
     from pipelines.options import job_from
@@ -262,11 +263,12 @@ def cmd_graph(args: argparse.Namespace) -> None:
         with runtime.torch_threads():
             graphs = make_graphs(run, inputs, job, prompts, args.layer)
         for pg in graphs:
-            print("\n".join(summary(pg)))
+            print("\n".join(describe(pg)))
         print(f"graphs in {run.graphs}; tables graph_nodes, graph_edges, graph_and_edges in {run.tables}")
     if args.serve:
-        server = graph_server(run.graphs, args.port)
-        print(f"circuit-tracer's viewer: http://127.0.0.1:{args.port}/index.html (Ctrl-C stops it)")
+        server = graph_server(run, args.port)
+        last = read_json(run.graph_index)["graphs"][-1]["slug"]
+        print(f"circuit-tracer's viewer: {viewer_url(last, args.port)} (Ctrl-C stops it)", flush=True)
         try:
             server.serve_forever()
         finally:

@@ -3,6 +3,7 @@ candidates, pairs and group gates, checked on data, and the negation gates among
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -12,12 +13,13 @@ from circuits.sites import DEFAULT_SAE_SITES
 from pipelines import summary
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
-from pipelines.data.stories import StoryConfig
+from pipelines.data.stories import StoryConfig, generate_stories
 from pipelines.engine.files import write_json
 from pipelines.engine.paths import RunPaths
 from pipelines.explorer.site import write_explorer
+from pipelines.graph.stage import describe, make_graphs
 from pipelines.inputs import ModelInputs, StageInputs
-from pipelines.jobs import CircuitsJob, FeaturesJob, LMJob, SAEJob, VerdictsJob
+from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, LMJob, SAEJob, VerdictsJob
 from pipelines.lm.model import PRESETS
 from pipelines.lm.training import LMTrainConfig
 from pipelines.report.page import ReportConfig, write_report
@@ -42,6 +44,7 @@ class DemoConfig(Config):
     features: FeaturesJob = option(doc="feature descriptions", factory=lambda: FeaturesJob(sites=DEFAULT_SAE_SITES))
     verdicts: VerdictsJob = option(doc="group gates, ablations and verdicts", factory=VerdictsJob)
     report: ReportConfig = option(doc="the HTML report", factory=ReportConfig)
+    graph: GraphJob = option(doc="the attribution graph of one negation prompt of the corpus", factory=GraphJob)
     n_candidates: int = option(8, "best circuit candidates per layer printed, pairs and groups each (at most the "
                                   "verdicts' n_ablate: every one printed is ablated)", low=1)
     explorer: bool = option(True, "write the interactive explorer too")
@@ -95,8 +98,59 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     plan = cfg.verdicts.plan(run, lm, layers)
     verdicts = ensure(VERDICTS, work, cfg.verdicts, plan, runtime)
     summary.verdicts(verdicts, cfg.n_candidates, time.perf_counter() - start)
+    with runtime.torch_threads():
+        print("\n".join(negation_graph(run, lm, cfg)))
     if cfg.explorer:
         write_explorer(run)
     report = write_report(run, cfg.report, lm, plan)
     print(f"report: {report}")
+
+
+def negation_graph(run: RunPaths, lm: ModelInputs, cfg: DemoConfig) -> list[str]:
+    """Build the attribution graph of the corpus's first negation prompt, its target the word
+    the corpus has next; returns its summary from the negation's tokens."""
+    prompt, word, cue = negation_prompt(cfg.stories)
+    target = lm.tokenizer.id_to_token(lm.tokenizer.encode(word).ids[0])  # the word's first piece: what comes next
+    graph = make_graphs(run, lm, cfg.graph.replace(graph=cfg.graph.graph.replace(target=target)), [prompt])[0]
+    at_cue = cue_tokens(graph, lm.tokenizer, cue)
+    return [f"\nAttribution graph of {prompt!r} -> {word!r} (the corpus's next word; the negation is at tokens "
+            f"{at_cue}), with the strongest path from the negation:", *describe(graph, at_cue)]
+
+
+def cue_tokens(graph, tokenizer, cue: tuple[int, int]) -> list[int]:
+    """Positions of the negation cue's tokens in a graph of a `negation_prompts` prompt (the
+    corpus's span runs from the cue on to the flipped word, "didn't feel": only the cue's)."""
+    encoding = tokenizer.encode(graph.prompt)
+    offsets = [(0, 0)] * (len(graph.token_ids) - len(encoding.ids)) + encoding.offsets  # BOS first
+    return [i for i, (a, b) in enumerate(offsets) if a < cue[1] and b > cue[0] and NEGATION.search(graph.tokens[i])]
+
+
+NEGATION = re.compile(r"not|n't|^##'t$|never")  # the pieces of the corpus's negation cues
+
+
+def negation_prompts(stories: StoryConfig, n_stories: int = 50):
+    """The negated sentiment words of the first `n_stories` stories of the demo's corpus, each as
+    (prompt: the story's text up to that word, from the sentence before the negation's; the
+    word; the negation's character span in the prompt)."""
+    for story in generate_stories(stories.replace(n_stories=min(stories.n_stories, n_stories))):
+        for cue_start, cue_end in story.negation_spans:
+            word = next(s for s in story.sentiment_spans if s[0] > cue_end)
+            text = story.text[:word[0]].rstrip()
+            start = _sentence_start(text, _sentence_start(text, cue_start) - 2)
+            yield text[start:], story.text[word[0]:word[1]], (cue_start - start, cue_end - start)
+
+
+def negation_prompt(stories: StoryConfig) -> tuple[str, str, tuple[int, int]]:
+    """The first of `negation_prompts`."""
+    found = next(negation_prompts(stories), None)
+    if found is None:
+        raise ValueError("the corpus has no negation: raise --negation-rate")
+    return found
+
+
+def _sentence_start(text: str, at: int) -> int:
+    """Where the sentence holding character `at` starts."""
+    end = text.rfind(". ", 0, max(at, 0))
+    return 0 if end < 0 else end + 2
+
 

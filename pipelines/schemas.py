@@ -279,6 +279,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("value, constant, incoming", FLOAT, "pre-activation (features) or demeaned logit; the constant term; the "
             "sum of incoming edges (value = incoming + constant for every target)"),
         col("influence, kept", (FLOAT, BOOL), "circuit-tracer's cumulative influence share; kept by pruning"),
+        col("path_step", INT, "step on the strongest path from a token to the first target logit (0: the token; "
+            "-1: not on it)"),
         col("description", STR, "the viewer's label (clerp), from the features table"),
     )),
     Table("graph_edges", "graph", "an edge pruning kept: the exact direct effect of source on target", circuit=False,

@@ -20,6 +20,7 @@ import torch
 from circuits.attribution import (INPUT, INPUT_ERROR, LOGIT, OUTPUT, OUTPUT_ERROR, TOKEN, LayerSAETensors,
                                   attention_constant, attention_linear, attribute, frozen_forward, frozen_from_cache,
                                   model_tensors, mlp_forward, prune, scores, strongest_path)
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID
 from circuits.weights import SAEWeights
 from pipelines.lm.model import PRESETS, build_model
 
@@ -71,8 +72,8 @@ def test_frozen_forward_and_completeness(preset, n, sites, skip):
     model, m, f, saes, logits, cache = _setup(preset, n, sites, skip)
     fwd = frozen_forward(m, f)
     for layer in range(model.cfg.n_layers):
-        torch.testing.assert_close(fwd["resid_mid"][layer], cache[f"blocks.{layer}.hook_resid_mid"][0], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(fwd["mlp_out"][layer], cache[f"blocks.{layer}.hook_mlp_out"][0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(fwd[RESID_MID][layer], cache[f"blocks.{layer}.hook_resid_mid"][0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(fwd[MLP_OUT][layer], cache[f"blocks.{layer}.hook_mlp_out"][0], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(fwd["logits"], logits, rtol=1e-10, atol=1e-10)
 
     targets = logits[-1].topk(3).indices
@@ -132,7 +133,7 @@ def test_removing_a_writer_changes_each_direct_target_by_its_edge():
     targets = logits[-1].topk(2).indices
     graph = attribute(m, f, saes, targets, edge_dtype=D)
     fwd = frozen_forward(m, f)
-    base_mids, base_final = _cut_forward(m, f, fwd["mlp_out"], -1, 0, 0)
+    base_mids, base_final = _cut_forward(m, f, fwd[MLP_OUT], -1, 0, 0)
     out_rows = torch.nonzero(graph.kind == OUTPUT).squeeze(1)
     err_rows = torch.nonzero(graph.kind == OUTPUT_ERROR).squeeze(1)
     chosen = [2, int(out_rows[5]), int(out_rows[-1]), int(err_rows[3]), int(err_rows[9 + 4])]  # layer 1 has no SAEs
@@ -144,9 +145,9 @@ def test_removing_a_writer_changes_each_direct_target_by_its_edge():
             slot, vector = layer + 1, graph.value[src] * saes[layer].sae_out.W_dec[index]
         else:
             sae = saes.get(layer)
-            recon = 0 if sae is None else sae.sae_out.decode(sae.sae_out.encode(fwd["mlp_out"][layer][pos]))
-            slot, vector = layer + 1, fwd["mlp_out"][layer][pos] - recon
-        mids, final = _cut_forward(m, f, fwd["mlp_out"], slot, pos, vector)
+            recon = 0 if sae is None else sae.sae_out.decode(sae.sae_out.encode(fwd[MLP_OUT][layer][pos]))
+            slot, vector = layer + 1, fwd[MLP_OUT][layer][pos] - recon
+        mids, final = _cut_forward(m, f, fwd[MLP_OUT], slot, pos, vector)
         for t in torch.nonzero(graph.kind == INPUT).squeeze(1).tolist():
             tl, tp, ti = int(graph.layer[t]), int(graph.pos[t]), int(graph.index[t])
             sae = saes[tl].sae_in
@@ -166,8 +167,8 @@ def test_mlp_partition_matches_removing_parts_and_and_terms_are_synergies():
     layer, pos = 2, 5
     sae_in, sae_out, mlp = saes[layer].sae_in, saes[layer].sae_out, m.mlps[layer]
     scale = mlp.g / f.scale2[layer][pos]
-    z = sae_in.encode(fwd["resid_mid"][layer][pos])
-    x = fwd["mlp_in"][layer][pos]
+    z = sae_in.encode(fwd[RESID_MID][layer][pos])
+    x = fwd[MLP_IN][layer][pos]
 
     def pre(x_):
         return sae_out.pre(mlp_forward(x_, mlp))
@@ -229,3 +230,22 @@ def test_pruning_scores_and_paths_on_a_planted_chain():
     assert strongest_path(graph, [1], 5) == ([1, 4, 5], pytest.approx(0.01 / 10.01))
     assert strongest_path(graph, [0, 1], 5)[0] == [0, 2, 5]
     assert strongest_path(graph, [3], 0) == ([], 0.0)
+
+
+def test_attention_adjoint_and_its_one_position_form():
+    """`attention_transpose` is the adjoint of `attention_linear` (<G, A r> = <A^T G, r>), and
+    for reads at one position each the cheap form gives the same vectors."""
+    from circuits.attribution import attention_transpose, attention_transpose_at
+
+    _, m, f, _, _, _ = _setup("demo", 9)
+    g = torch.Generator().manual_seed(3)
+    r, G = torch.randn(9, 128, generator=g, dtype=D), torch.randn(5, 9, 128, generator=g, dtype=D)
+    for layer in range(m.n_layers):
+        lhs = (G * attention_linear(r, m, f, layer)).sum((1, 2))
+        rhs = (attention_transpose(G, m, f, layer) * r).sum((1, 2))
+        torch.testing.assert_close(lhs, rhs)
+        pos = torch.tensor([0, 3, 8, 8, 5])
+        one = torch.zeros_like(G)
+        one[torch.arange(5), pos] = G[torch.arange(5), pos]
+        torch.testing.assert_close(attention_transpose_at(G[torch.arange(5), pos], pos, m, f, layer),
+                                   attention_transpose(one, m, f, layer))

@@ -231,7 +231,7 @@ def test_debug_shows_the_traceback_of_an_error(run, tmp_path, capsys):
 def test_module_entry_point_help():
     fan_out = ("train-saes", "circuits", "features", "verdicts", "demo")
     for command in ("corpus", "train-lm", "convert", "train-saes", "circuits", "features", "verdicts", "report",
-                    "explore", "demo"):
+                    "explore", "graph", "demo"):
         done = subprocess.run([sys.executable, "-m", "pipelines", command, "--help"], capture_output=True, text=True)
         assert done.returncode == 0 and "usage: bilinear-circuits" in done.stdout, command
         assert "--debug" in done.stdout, command
@@ -325,6 +325,7 @@ def test_demo_small_runs_every_stage(demo):
     assert set(truth["cell"]) == {"on_on", "on_off", "off_on", "off_off"}
     assert DemoConfig.from_json(json.loads((run / "demo_config.json").read_text())) == DemoConfig.small()
     assert (run / "report" / "index.html").is_file() and (run / "explorer" / "index.html").is_file()
+    assert "Attribution graph of" in out and "strongest path:" in out and (run / "graphs" / "graph-metadata.json").is_file()
 
 
 def test_demo_small_ranks_and_judges_pairs_and_group_gates(demo):

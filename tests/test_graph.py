@@ -5,6 +5,9 @@ name kept nodes, and bad input gets a one-line error."""
 from __future__ import annotations
 
 import json
+import tarfile
+import threading
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -115,3 +118,107 @@ def test_explicit_saes_of_one_layer(run):
     assert (nodes[(nodes["layer"] == 0)]["kind"] == "output_error").all()
     assert len(nodes[nodes["layer"] == 0]) == len(nodes[nodes["kind"] == "token"])
     assert torch.isfinite(torch.tensor(pd.to_numeric(nodes["value"]).to_numpy())).all()
+
+
+JETPACK = Path(__file__).resolve().parents[1] / ".cache" / "npm" / "d3-jetpack-2.3.0.tgz"  # `make install` fetches it
+
+
+def _d3_with_jetpack() -> str:
+    """npm's d3 v7 + jetpack bundle, its jetpack methods put on the prototypes `d3.select` uses
+    (the bundle holds two copies of d3-selection and patches the other one)."""
+    with tarfile.open(JETPACK) as tar:
+        bundle = tar.extractfile("package/build/d3v7+jetpack.js").read().decode()
+    marker = "selection.prototype.translate = translateSelection;"
+    head, _, tail = bundle.rpartition(marker)
+    tail = tail.replace("selection.prototype.", "selection$1.prototype.").replace("transition.prototype.",
+                                                                                 "transition$1.prototype.")
+    return head + marker.replace("selection.", "selection$1.") + tail
+
+
+def test_circuit_tracers_viewer_reads_the_served_graph(run):
+    """circuit-tracer's own server and front end, in Debian's chromium: the page lists our
+    graphs, fetches the one asked for, and its own data code keeps every node and link.
+
+    The viewer loads d3 and its helpers from the web; here d3 comes from npm's d3-jetpack bundle
+    and the other scripts are left empty. Drawing the nodes needs the viewer's own jetpack build
+    (`d3.conventions` with canvas layers), which only its web host serves, so it is not checked.
+    """
+    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed")
+    if chromium_path() is None or not JETPACK.is_file():
+        pytest.skip("needs Debian's chromium and npm's d3-jetpack (make install fetches it)")
+    from pipelines.graph.serve import graph_server
+
+    slug = json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"][0]["slug"]
+    data = json.loads((run / "graphs" / f"{slug}.json").read_text())
+    from pipelines.engine.paths import RunPaths
+
+    server = graph_server(RunPaths(run), 0)
+    assert server.server_address[0] == "127.0.0.1"
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    d3 = _d3_with_jetpack()
+    errors, fetched = [], []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("response", lambda r: fetched.append((r.status, r.url)))
+            page.route(lambda url: not url.startswith(f"http://127.0.0.1:{port}/"),
+                       lambda route: route.fulfill(body=d3 if route.request.url.endswith("/d3.js") else "",
+                                                   content_type="application/javascript"))
+            page.goto(f"http://127.0.0.1:{port}/index.html?slug={slug}")
+            page.wait_for_function("document.querySelectorAll('select.graph-prompt-select option').length > 0")
+            options = page.eval_on_selector_all("select.graph-prompt-select option", "els => els.map(e => e.value)")
+            page.wait_for_function("document.querySelectorAll('.link-graph svg').length > 0", timeout=20000)
+            seen = page.evaluate("""async slug => {
+                const data = await util.getFile(`./graph_data/${slug}.json`)
+                const formatted = await utilCg.formatData(data, {pinnedIds: []})
+                return {nodes: formatted.nodes.map(d => d.nodeId), links: formatted.links.length,
+                        logits: formatted.nodes.filter(d => d.feature_type == 'logit').map(d => d.logitPct)}
+            }""", slug)
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    # the only errors: drawing helpers of the viewer's own jetpack build (`c.drawAxis`, ...)
+    assert all(e.startswith("c.") and e.endswith("is not a function") for e in errors), errors
+    assert set(options) == {g["slug"] for g in json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"]}
+    assert (200, f"http://127.0.0.1:{port}/graph_data/{slug}.json") in fetched
+    assert sorted(seen["nodes"]) == sorted(n["node_id"] for n in data["nodes"])
+    assert seen["links"] == len(data["links"])
+    assert all(p > 0 for p in seen["logits"])  # the viewer parses each logit's probability from its label
+
+
+def test_demo_graph_of_a_negation_prompt(run):
+    """The demo's graph: a prompt of the corpus ending just before a negated sentiment word,
+    its target that word's first piece, the printed path starting at the negation's token."""
+    from pipelines.demo import NEGATION, DemoConfig, negation_graph, negation_prompt
+    from pipelines.engine.paths import RunPaths
+    from pipelines.inputs import ModelInputs
+
+    cfg = DemoConfig.small()
+    prompt, word, cue = negation_prompt(cfg.stories)
+    assert NEGATION.search(prompt[cue[0]:cue[1]]) and not prompt.endswith(word)
+    lines = negation_graph(RunPaths(run), ModelInputs(run / "lm"), cfg)
+    path = next(line for line in lines if "strongest path:" in line).split("strongest path: ")[1]
+    first = path.split(" -> ")[0]
+    assert path != "none" and NEGATION.search(first.split('"')[1]), lines
+    assert path.split(" -> ")[-1].startswith("logit")
+
+
+def test_report_draws_each_graph(run, tmp_path):
+    from pipelines.engine.paths import RunPaths
+    from pipelines.report.page import _graphs, _Pictures
+
+    shown = _graphs(RunPaths(run), _Pictures(tmp_path, 40))
+    slugs = {g["slug"] for g in json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"]}
+    assert {g["slug"] for g in shown} <= slugs and len(shown) == min(3, len(slugs))
+    for g in shown:
+        assert (tmp_path / g["picture"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert 0 <= g["replacement"] <= 1 and 0 <= g["completeness"] <= 1 and g["path"]

@@ -194,6 +194,11 @@ class RunPaths:
         return self.root / "graphs"
 
     @property
+    def graph_index(self) -> Path:
+        """circuit-tracer's list of the graphs (its viewer reads it)."""
+        return self.graphs / GRAPH_METADATA
+
+    @property
     def explorer(self) -> Path:
         return self.root / "explorer"
 

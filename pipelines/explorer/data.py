@@ -41,7 +41,9 @@ import pandas as pd
 import pyarrow as pa
 
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
+from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
+from pipelines.graph.serve import viewer_url
 from pipelines.engine.tables import read_table
 from pipelines.report.inputs import scatter_samples
 from pipelines.schemas import TABLES, select
@@ -423,6 +425,9 @@ def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list
         "counts": [{"layer": k[0], "site": k[1], "n": v} for k, v in sorted(counts.items())],
         "sae_metrics": encode_table(metrics.sort_values(["layer", "site"]) if metrics is not None else None),
         "report": run.report_page.is_file(),
+        # attribution graphs: their JSON, opened in circuit-tracer's viewer by `graph --serve`
+        "graphs": [{"slug": g["slug"], "prompt": g["prompt"], "viewer": viewer_url(g["slug"])}
+                   for g in (read_json(run.graph_index) or {"graphs": []})["graphs"]],
         "digits": DIGITS,
         "lowrank": {}, "hosvd": {},
     }

@@ -18,7 +18,7 @@ import torch
 from circuits.attribution import INPUT, INPUT_ERROR, KINDS, LOGIT, OUTPUT, OUTPUT_ERROR, TOKEN
 from circuits.sites import OUTPUT_SITE
 from pipelines.engine.files import read_json, write_json
-from pipelines.engine.paths import GRAPH_METADATA
+from pipelines.engine.paths import RunPaths
 from pipelines.graph.build import PromptGraph
 from pipelines.schemas import write
 
@@ -59,12 +59,14 @@ def node_frame(pg: PromptGraph, descriptions: dict[tuple[int, str, int], str]) -
         rows.append(row)
         tokens.append(token)
     incoming = g.adjacency.to(torch.float64).sum(1)
+    step = torch.full((len(kind),), -1)
+    step[pg.top_path] = torch.arange(len(pg.top_path))
     return pd.DataFrame({
         "prompt": pg.slug, "node_id": ids, "kind": [KINDS[k] for k in kind], "layer": layer, "site": sites,
         "viewer_row": rows, "pos": pos, "feature": [i if k in (INPUT, OUTPUT) else -1 for k, i in zip(kind, index)],
         "token": tokens, "value": g.value.double().numpy(), "constant": g.constant.double().numpy(),
         "incoming": incoming.numpy(), "influence": pg.cumulative.double().numpy(),
-        "kept": pg.node_mask.numpy(), "description": labels,
+        "kept": pg.node_mask.numpy(), "path_step": step.numpy(), "description": labels,
     })
 
 
@@ -155,9 +157,11 @@ def _strings(value) -> list[str]:
     return [] if value is None else [str(v) for v in value]
 
 
-def write_graph(pg: PromptGraph, folder: Path, tables: Path, features: pd.DataFrame | None) -> Path:
-    """Write the JSON, the feature files of its kept features, update `graph-metadata.json`, and
-    write the Parquet tables (part = the prompt's slug). Returns the JSON's path."""
+def write_graph(pg: PromptGraph, run: RunPaths, features: pd.DataFrame | None) -> Path:
+    """Write the JSON under `run.graphs`, the feature files of its kept features, update
+    `graph-metadata.json`, and write the Parquet tables (part = the prompt's slug). Returns the
+    JSON's path."""
+    folder = run.graphs
     descriptions, rows = {}, {}
     if features is not None and len(features):
         for r in features.to_dict("records"):
@@ -173,15 +177,15 @@ def write_graph(pg: PromptGraph, folder: Path, tables: Path, features: pd.DataFr
         if key in rows:
             write_json(folder / FEATURES_FOLDER / f"{cantor(int(r.viewer_row), int(r.feature))}.json",
                        feature_file(*key, rows[key]))
-    add_metadata(folder, data["metadata"])
-    write(nodes, tables, "graph_nodes", part=pg.slug)
-    write(edges, tables, "graph_edges", part=pg.slug)
-    write(and_frame(pg, nodes), tables, "graph_and_edges", part=pg.slug)
+    add_metadata(run.graph_index, data["metadata"])
+    write(nodes, run.tables, "graph_nodes", part=pg.slug)
+    write(edges, run.tables, "graph_edges", part=pg.slug)
+    write(and_frame(pg, nodes), run.tables, "graph_and_edges", part=pg.slug)
     return path
 
 
-def add_metadata(folder: Path, metadata: dict) -> None:
+def add_metadata(index: Path, metadata: dict) -> None:
     """Add (or replace, by slug) one graph's entry in `graph-metadata.json`, the viewer's index."""
-    current = read_json(folder / GRAPH_METADATA) or {"graphs": []}
+    current = read_json(index) or {"graphs": []}
     graphs = [g for g in current["graphs"] if g["slug"] != metadata["slug"]] + [metadata]
-    write_json(folder / GRAPH_METADATA, {"graphs": graphs})
+    write_json(index, {"graphs": graphs})

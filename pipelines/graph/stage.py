@@ -29,7 +29,7 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
     for prompt in tqdm(prompts, desc="attribution graphs", unit="prompt", disable=not progress or len(prompts) < 2):
         pg = build_graph(prompt, model, inputs.tokenizer, saes, cfg, taken)
         taken.add(pg.slug)
-        write_graph(pg, run.graphs, run.tables, features)
+        write_graph(pg, run, features)
         done.append(pg)
     return done
 
@@ -47,41 +47,39 @@ def label(pg: PromptGraph, node: int) -> str:
     return f"L{layer}.{'in' if kind == INPUT_ERROR else 'out'}-err@{pos}"
 
 
-def top_path(pg: PromptGraph, positions: list[int] | None = None) -> tuple[list[int], float]:
-    """The strongest path from the tokens at `positions` (default: every token) to the first
-    attributed logit, and its product of normalised edge weights."""
+def top_path(pg: PromptGraph, positions: list[int]) -> tuple[list[int], float]:
+    """The strongest path from the tokens at `positions` to the first attributed logit, and its
+    product of normalised edge weights."""
     g = pg.graph
-    tokens = torch.nonzero(g.kind == TOKEN).squeeze(1)
-    if positions is not None:
-        tokens = tokens[torch.isin(g.pos[tokens], torch.tensor(positions))]
-    target = int(torch.nonzero(g.kind == LOGIT)[0])
-    return strongest_path(g, tokens.tolist(), target)
+    tokens = torch.nonzero((g.kind == TOKEN) & torch.isin(g.pos, torch.tensor(positions))).squeeze(1)
+    return strongest_path(g, tokens.tolist(), int(torch.nonzero(g.kind == LOGIT)[0]))
 
 
-def strongest_and(pg: PromptGraph, nodes: list[int]) -> tuple[int, int, int, float] | None:
-    """The AND hyperedge of largest |weight| that has one of `nodes` as a source or target:
+def strongest_and(pg: PromptGraph, node: int) -> tuple[int, int, int, float] | None:
+    """The AND hyperedge of largest |weight| with `node` as one of its two sources:
     (target, a, b, weight), or None."""
     g = pg.graph
-    ids = torch.tensor(nodes)
-    hit = torch.isin(g.and_target, ids) | torch.isin(g.and_a, ids) | torch.isin(g.and_b, ids)
+    hit = (g.and_a == node) | (g.and_b == node)
     if not hit.any():
         return None
     i = int(torch.nonzero(hit).squeeze(1)[g.and_weight[hit].abs().argmax()])
     return int(g.and_target[i]), int(g.and_a[i]), int(g.and_b[i]), float(g.and_weight[i])
 
 
-def summary(pg: PromptGraph, positions: list[int] | None = None) -> list[str]:
-    """Lines describing a graph: size, scores, the top path (from `positions`' tokens) and the
-    strongest AND hyperedge on that path."""
+def describe(pg: PromptGraph, positions: list[int] | None = None) -> list[str]:
+    """Lines describing a graph: size, scores, the strongest path to the first target (from the
+    tokens at `positions`, default any token) and the strongest AND hyperedge at the first
+    feature on that path."""
     g = pg.graph
-    path, strength = top_path(pg, positions)
+    path, strength = (pg.top_path, pg.path_strength) if positions is None else top_path(pg, positions)
     lines = [f"{pg.slug}: {len(g.kind)} nodes ({int(pg.node_mask.sum())} kept), {int(pg.edge_mask.sum())} edges kept; "
              f"replacement {pg.replacement:.3f}, completeness {pg.completeness:.3f}; targets {pg.targets}",
-             "  top path: " + (" -> ".join(label(pg, n) for n in path) + f" (strength {strength:.3g})" if path
-                               else "none")]
-    found = strongest_and(pg, path)
+             "  strongest path: " + (" -> ".join(label(pg, n) for n in path) + f" (strength {strength:.3g})" if path
+                                     else "none")]
+    first = next((n for n in path if int(g.kind[n]) in (INPUT, OUTPUT)), None)
+    found = None if first is None else strongest_and(pg, first)
     if found is not None:
         t, a, b, w = found
-        lines.append(f"  strongest AND on it: {label(pg, a)} x {label(pg, b)} -> {label(pg, t)}: {w:+.4g} "
-                     f"(of its value {float(g.value[t]):.4g})")
+        lines.append(f"  strongest AND at {label(pg, first)}: {label(pg, a)} x {label(pg, b)} -> {label(pg, t)}: "
+                     f"{w:+.4g} (of its value {float(g.value[t]):.4g})")
     return lines

@@ -79,3 +79,30 @@ def scatter(panels: list[tuple[str, np.ndarray, np.ndarray, float]], title: str,
     axes[0].set_ylabel("SAE activation")
     fig.suptitle(_text(title), fontsize=10)
     return fig
+
+
+def attribution_graph(x: np.ndarray, y: np.ndarray, kinds: list[str], edges: np.ndarray, weights: np.ndarray,
+                      path: list[int], tokens: list[str], title: str) -> Figure:
+    """A pruned attribution graph: nodes at (position, viewer row), edges `[E, 2]` (source,
+    target indices into the nodes) drawn by |weight| (red positive, blue negative), the strongest
+    path in black."""
+    fig = Figure(figsize=(max(6.0, 0.45 * len(tokens)), 5), layout="constrained")
+    ax = fig.add_subplot()
+    scale = float(np.abs(weights).max()) if len(weights) else 1.0
+    for (a, b), w in zip(edges, weights):
+        ax.plot([x[a], x[b]], [y[a], y[b]], color="tab:red" if w > 0 else "tab:blue",
+                alpha=0.1 + 0.6 * abs(w) / scale, linewidth=0.3 + 1.5 * abs(w) / scale, zorder=1)
+    for a, b in zip(path[:-1], path[1:]):
+        ax.plot([x[a], x[b]], [y[a], y[b]], color="black", linewidth=2.5, zorder=2)
+    colours = {"token": "tab:gray", "input": "tab:green", "output": "tab:orange", "input_error": "tab:purple",
+               "output_error": "tab:purple", "logit": "tab:red"}
+    for kind, colour in colours.items():
+        mine = [i for i, k in enumerate(kinds) if k == kind]
+        if mine:
+            ax.scatter(x[mine], y[mine], s=18, color=colour, label=kind, zorder=3,
+                       marker="s" if kind.endswith("error") else "o")
+    ax.set_xticks(range(len(tokens)), [_text(t) for t in tokens], rotation=60, fontsize=8)
+    ax.set_ylabel("row (tokens; per layer: input latents, output latents; logits)")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(_text(title), fontsize=10)
+    return fig

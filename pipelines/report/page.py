@@ -22,9 +22,10 @@ from tqdm.auto import tqdm
 from circuits.config import Config, option
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines import summary
-from pipelines.engine.files import atomic_dir
+from pipelines.engine.files import atomic_dir, read_json
 from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.report import figures
+from pipelines.schemas import read
 from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_match
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
@@ -71,6 +72,7 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, plan: di
         for layer in layers:
             page["layers"].append(_layer_section(data, layer, pictures, cfg, inputs, saes.get(layer)))
             steps.update(1)
+        page["graphs"] = _graphs(run, pictures)
         page["explorer"] = run.explorer_page.is_file()
         html = _environment().get_template("report.html").render(**page)
         (folder / INDEX).write_text(html, encoding="utf-8")
@@ -219,6 +221,32 @@ def _card(data: ReportData, row: dict, why: str, pictures: _Pictures, cfg: Repor
                                                         f"Qt of layer {layer}, output #{f}"), f"{name}_interactions.png")
     card["scatter"] = _scatter(data, layer, f, pictures, name)
     return card
+
+
+def _graphs(run: RunPaths, pictures: _Pictures, most: int = 3) -> list[dict]:
+    """A picture of each of the run's first `most` attribution graphs (the pruned graph and its
+    strongest token-to-target path), with its scores."""
+    nodes, edges = read(run.tables, "graph_nodes"), read(run.tables, "graph_edges")
+    if nodes is None or edges is None:
+        return []
+    out = []
+    for prompt in sorted(nodes["prompt"].unique())[:most]:
+        mine = nodes[(nodes["prompt"] == prompt) & nodes["kept"]].reset_index(drop=True)
+        tokens = mine[mine["kind"] == "token"].sort_values("pos")["token"].tolist()
+        at = {node: i for i, node in enumerate(mine["node_id"])}
+        links = edges[edges["prompt"] == prompt]
+        pairs = np.array([[at[a], at[b]] for a, b in zip(links["source"], links["target"])]).reshape(-1, 2)
+        path = mine[mine["path_step"] >= 0].sort_values("path_step").index.tolist()
+        meta = read_json(run.graphs / f"{prompt}.json") or {"metadata": {}}
+        x = np.where(mine["kind"] == "logit", len(tokens), mine["pos"]).astype(float)
+        title = f"{meta['metadata'].get('prompt', prompt)}"
+        name = pictures.save(figures.attribution_graph(x, mine["viewer_row"].to_numpy() + 1.0, mine["kind"].tolist(),
+                                                       pairs, links["weight"].to_numpy(), path, tokens, title),
+                             f"graph_{prompt}.png")
+        out.append({"prompt": title, "slug": prompt, "picture": name, "path": " -> ".join(mine.loc[path, "description"]),
+                    "replacement": meta["metadata"].get("replacement_score"),
+                    "completeness": meta["metadata"].get("completeness_score")})
+    return out
 
 
 def _feature_info(data: ReportData, layer: int, f: int) -> dict:

@@ -171,7 +171,11 @@
     const nav = document.getElementById("nav");
     const layers = meta.layers.map((l) => `<a href="${link("/layer/" + l)}">L${l}</a>`).join(" ");
     nav.innerHTML = `<a href="${link("/")}">Index</a> <span class="layers">Layers: ${layers || "none"}</span>` +
-      (meta.report ? ' <a href="../report/index.html">Report</a>' : "");
+      (meta.report ? ' <a href="../report/index.html">Report</a>' : "") +
+      (meta.graphs && meta.graphs.length ? ' <span class="graphs">Graphs: ' + meta.graphs.map((g) =>
+        `<a href="${esc(g.viewer)}" title="${esc(g.prompt)} ` +
+        `(circuit-tracer's viewer: run bilinear-circuits graph --serve)">${esc(g.prompt.slice(0, 24))}</a> ` +
+        `(<a href="../graphs/${encodeURIComponent(g.slug)}.json">JSON</a>)`).join(", ") + "</span>" : "");
     const sw = document.getElementById("site-switch");
     if (meta.input_sites.length > 1) {
       sw.innerHTML = "input SAE: <select id=\"input-site\">" + meta.input_sites.map((s) =>
