@@ -2,11 +2,11 @@
 their ratio, and where the time goes.
 
     python benchmarks/bench_stages.py [--quick] [--out DIR] [--threads 1] [--seed 0]
-                                      [--code DIR --code DIR ...]
+                                      [--code DIR --code DIR ...] [--from RUN --stages circuits,...]
 
 Runs the demo's stages (corpus, train-lm, train-saes, circuits, features, verdicts, report,
 explorer) with the demo's settings (`--quick`: `DemoConfig.small()`) into a fresh run
-directory. Each stage runs in its own process, the stages before it reused from their stamps
+directory (`--from RUN`: starting from the corpus, LM and SAEs of a finished run). Each stage runs in its own process, the stages before it reused from their stamps
 and left out of its time. Before each stage the process measures this machine's matmul rate
 (float32 products of square matrices, on `--threads` threads) and its disk write rate
 (a file written and synced), so that a floor and a time are taken under the same load.
@@ -391,6 +391,9 @@ def main() -> None:
     parser.add_argument("--code", action="append", type=Path, help="a code tree to run (repeat to compare; default: "
                                                                    "this one)")
     parser.add_argument("--stages", default=",".join(STAGES), help="comma list: run up to the last, time these")
+    parser.add_argument("--from", dest="source", type=Path, default=None,
+                        help="a finished demo run whose corpus, LM and SAEs each run starts from (with --stages "
+                             "circuits,...: the analysis stages alone, every code tree on the same inputs)")
     parser.add_argument("--profile-lines", type=int, default=3, help="places listed per stage")
     parser.add_argument("--child", choices=STAGES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -403,6 +406,9 @@ def main() -> None:
     if any(r.exists() for r in runs):
         sys.exit(f"--out {out} already holds runs: give a new folder")
     stages = [s for s in STAGES if s in args.stages.split(",")]
+    for run in runs if args.source else []:
+        for name in ("corpus", "lm", "tokens", "saes"):
+            shutil.copytree(args.source / name, run / name)
     print(f"demo{' (quick)' if args.quick else ''}, seed {args.seed}, {args.threads} torch thread(s); "
           f"load average at start {os.getloadavg()[0]:.2f}; runs in {out}", flush=True)
     results: list[list[dict]] = [[] for _ in codes]
