@@ -40,10 +40,11 @@ import torch
 from tqdm.auto import tqdm
 
 from circuits.bilinear import hosvd, interaction_matrices, output_constant
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.gates import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
-from circuits.sae_basis import INPUT_SITES, input_basis, preactivation_offset
+from circuits.sae_basis import input_basis, preactivation_offset
+from circuits.sites import DEFAULT_INPUT_SITE, check_input_site, input_gain
 from circuits.spectra import (ActiveCorrelation, eigh_by_magnitude, group_positions, lowrank_at, rebatch,
                               smallest_per_group)
 from circuits.weights import MLPWeights, SAEWeights
@@ -75,7 +76,7 @@ class CircuitConfig(Config):
     block_size: int = option(256, "input features per side of each block of the projected matrix", low=1, runtime=True)
     token_batch: int = option(8192, "tokens gathered before each statistics update", low=1, runtime=True)
     dtype: str = option("float32", "torch dtype of the tensor math (statistics use float64)", choices=("float32", "float64"))
-    seed: int = option(0, "seeds the sample of active tokens stored per output feature (lowrank_samples)")
+    seed: int = seed_option("seeds the sample of active tokens stored per output feature (lowrank_samples)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -116,7 +117,7 @@ def analyse_layer(
     cfg: CircuitConfig,
     *,
     layer: int,
-    input_site: str = "resid_mid",
+    input_site: str = DEFAULT_INPUT_SITE,
     timings: dict[str, float] | None = None,
     progress: bool = False,
     workers: int = 1,
@@ -135,8 +136,7 @@ def analyse_layer(
     caller set them). Their many small products run fastest on one thread: splitting each
     operation costs more in synchronisation than it gains, and collapses on a busy machine.
     """
-    if input_site not in INPUT_SITES:
-        raise ValueError(f"unknown input site {input_site!r}; choose from {', '.join(INPUT_SITES)}")
+    check_input_site(input_site)
     timings = {} if timings is None else timings
     _check_shapes(mlp, sae_in, outputs)
     device = mlp.W_gate.device
@@ -144,7 +144,7 @@ def analyse_layer(
     mlp = mlp.to(dtype, device)
     sae_in = sae_in.to(dtype, device)
     directions = outputs.directions.to(device=device, dtype=dtype)
-    basis = input_basis(sae_in.W_dec, sae_in.b_dec, mlp.g if input_site == "resid_mid" else None)
+    basis = input_basis(sae_in.W_dec, sae_in.b_dec, input_gain(input_site, mlp.g))
     n_in = basis.shape[1] - 1
     unit_inputs = basis[:, :n_in] / basis[:, :n_in].norm(dim=0).clamp_min(1e-30)
     n_out, d = directions.shape

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 from circuits.bilinear import interaction_matrices
 from circuits.gates import quadratic_form
+from circuits.sae_basis import token_scale
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, hook_name, input_gain
 from circuits.spectra import smallest_per_group
 from circuits.weights import MLPWeights
 from pipelines.data.tokens import TokenRows
@@ -136,7 +138,7 @@ def _sample_tokens(model, layer: int, saes: LayerSAEs, targets: list[Target], ro
         clean = _run(model, layer, tokens, site, getattr(model.blocks[layer].ln2, "w", None), float(model.cfg.eps),
                      None, stop=True)
         on = sae_in.encode(clean["input"]) != 0
-        active = sae_out.encode(clean["mlp_out"])[..., outs] > 0  # [b, pos, T]
+        active = sae_out.encode(clean[MLP_OUT])[..., outs] > 0  # [b, pos, T]
         keep = rows.keep(tokens)
         flat = (torch.arange(part.start, part.stop)[:, None] * rows.n_ctx + torch.arange(rows.n_ctx))
         for i in range(len(targets)):
@@ -155,14 +157,13 @@ def _sample_tokens(model, layer: int, saes: LayerSAEs, targets: list[Target], ro
 
 
 def _to_mlp(v: torch.Tensor, site: str, g: torch.Tensor) -> torch.Tensor:
-    """A vector at the input SAE's site as it enters the quadratic form (times the gain on resid_mid)."""
-    return v * g if site == "resid_mid" else v
+    """A vector at the input SAE's site as it enters the quadratic form (times the gain the site implies)."""
+    gain = input_gain(site, g)
+    return v if gain is None else v * gain
 
 
 def _scale(source: torch.Tensor, site: str, eps: float) -> torch.Tensor:
-    if site == "resid_mid":
-        return 1.0 / (source.double().square().mean(-1) + eps)
-    return torch.ones(source.shape[0], dtype=torch.float64, device=source.device)
+    return token_scale(source.double(), eps, site)
 
 
 def _reconstruction(source, z, sae_in, site: str, g, eps: float, y=None):
@@ -193,31 +194,31 @@ def _run(model, layer: int, tokens: torch.Tensor, site: str, gain, eps: float, r
     found: dict[str, torch.Tensor] = {}
 
     def keep_resid(act, hook):
-        found["resid_mid"] = act
-        if site == "resid_mid":
+        found[RESID_MID] = act
+        if site == RESID_MID:
             found["input"] = act
 
     def change_normalized(act, hook):
-        if site == "mlp_in":
+        if site == MLP_IN:
             found["input"] = act if gain is None else act * gain
         if removal is None:
             return act
-        if site == "mlp_in":
+        if site == MLP_IN:
             changed = found["input"] - removal
             changed = changed if gain is None else changed / gain
         else:
-            r = found["resid_mid"] - removal
+            r = found[RESID_MID] - removal
             changed = r / (r.square().mean(-1, keepdim=True) + eps).sqrt()
         # only the ablated positions change: elsewhere the pass stays bit for bit the clean one
         return torch.where(removal.ne(0).any(-1, keepdim=True), changed.to(act.dtype), act)
 
     def keep_out(act, hook):
-        found["mlp_out"] = act
+        found[MLP_OUT] = act
 
     logits = model.run_with_hooks(tokens, fwd_hooks=[
-        (f"blocks.{layer}.hook_resid_mid", keep_resid),
-        (f"blocks.{layer}.ln2.hook_normalized", change_normalized),
-        (f"blocks.{layer}.hook_mlp_out", keep_out),
+        (hook_name(layer, RESID_MID), keep_resid),
+        (hook_name(layer, MLP_IN), change_normalized),
+        (hook_name(layer, MLP_OUT), keep_out),
     ], stop_at_layer=layer + 1 if stop else None)
     if not stop:
         found["logits"] = logits
@@ -226,7 +227,7 @@ def _run(model, layer: int, tokens: torch.Tensor, site: str, gain, eps: float, r
 
 def _measure(run: dict, where: torch.Tensor, f: int, sae_out, boosted: list[int]) -> dict:
     """f's pre-activation and activation, and the mean log-probability of its boosted tokens."""
-    out = run["mlp_out"][where].to(sae_out.W_enc.dtype)
+    out = run[MLP_OUT][where].to(sae_out.W_enc.dtype)
     pre = sae_out.pre(out)[:, f].double()
     act = sae_out.encode(out)[:, f].double()
     if boosted:

@@ -42,8 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.groups import MAX_MEMBERS
+from circuits.sites import OUTPUT_SITE
 
 NEGATION = "negation"
 CONTEXT = "context="
@@ -84,7 +85,7 @@ class VerdictConfig(Config):
     ablate_rows: int = option(256, "held-out rows searched for ablation tokens", low=1)
     ablate_tokens: int = option(256, "tokens per ablated candidate: a seeded sample of those where both inputs are "
                                      "on and the output is active", low=1)
-    seed: int = option(0, "seeds the sample of ablation tokens")
+    seed: int = seed_option("seeds the sample of ablation tokens")
 
     def check(self) -> None:
         unknown = [g for g in self.groups if g not in SOURCES]
@@ -112,7 +113,7 @@ class InputFacts:
         if features is None or features.empty:
             return cls({}, {}, {}, {}, {}, {})
         mine = features[features["layer"] == layer]
-        ins, outs = mine[mine["site"] == input_site], mine[mine["site"] == "mlp_out"]
+        ins, outs = mine[mine["site"] == input_site], mine[mine["site"] == OUTPUT_SITE]
         text = lambda frame, column: {int(f): str(v) for f, v in zip(frame["feature"], frame[column])  # noqa: E731
                                       if v is not None and not (isinstance(v, float) and np.isnan(v))}
         boost = {int(f): (str(c), float(s)) for f, c, s in zip(outs["feature"], outs["boost_label"], outs["boost_sd"])
