@@ -33,6 +33,7 @@ the ratio measured here) and on one H100 (floors at a stated rate).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -167,18 +168,20 @@ class Chain:
         return calls[stage]
 
     def corpus(self):
-        from pipelines.stages import ensure_corpus
+        from pipelines.demo import ensure_corpus
 
         self.run.root.mkdir(parents=True, exist_ok=True)
         self.source = ensure_corpus(self.run, self.cfg.stories)
 
     def train_lm(self):
-        from pipelines.data.corpus import LEXICON_FILE
+        from pipelines.demo import ensure_lm, ensure_tokens
         from pipelines.inputs import ModelInputs, StageInputs
-        from pipelines.stages import ensure_lm, ensure_tokens
 
         cfg = self.cfg
-        self.lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(self.source / LEXICON_FILE)))
+        # where the corpus keeps its lexicon (older code trees name the file in pipelines.data.corpus)
+        lexicon = (self.run.lexicon if hasattr(type(self.run), "lexicon")
+                   else self.source / importlib.import_module("pipelines.data.corpus").LEXICON_FILE)
+        self.lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(lexicon)))
         self.summary = ensure_lm(self.run, source=str(self.source), job=self.lm_job, runtime=self.runtime)
         self.lm = ModelInputs(self.run.lm, self.runtime.device)
         self.work = StageInputs(self.run, self.lm, ensure_tokens(self.run, str(self.source), self.lm.tokenizer,
@@ -186,22 +189,22 @@ class Chain:
         self.layers = list(range(self.lm.config.n_layers))
 
     def train_saes(self):
-        from pipelines.stages import ensure_saes
+        from pipelines.demo import ensure_saes
 
         self.sae_metrics = ensure_saes(self.work, job=self.cfg.saes, layers=self.layers, runtime=self.runtime)
 
     def circuits(self):
-        from pipelines.stages import ensure_circuits
+        from pipelines.demo import ensure_circuits
 
         ensure_circuits(self.work, job=self.cfg.circuits, layers=self.layers, runtime=self.runtime)
 
     def features(self):
-        from pipelines.stages import ensure_features
+        from pipelines.demo import ensure_features
 
         ensure_features(self.work, job=self.cfg.features, layers=self.layers, runtime=self.runtime)
 
     def verdicts(self):
-        from pipelines.stages import ensure_verdicts
+        from pipelines.demo import ensure_verdicts
 
         ensure_verdicts(self.work, job=self.cfg.verdicts, layers=self.layers, runtime=self.runtime)
 
@@ -316,7 +319,7 @@ def child(args) -> None:
     m = chain.lm.config if chain.layers else None
     flops = stage_flops(args.child, chain.cfg, m) if m is not None else 0.0
     result = {"stage": args.child, "seconds": seconds, "cpu": cpu, "flops": flops, "bytes": written, "rate": rate, "disk": disk,
-              "floor": flops / rate + written / disk, "cpu_floor": flops / cpu_rate + written / disk, "profile": sampler.top(args.profile_lines),
+              "floor": flops / rate + written / disk, "cpu_rate": cpu_rate, "cpu_floor": flops / cpu_rate + written / disk, "profile": sampler.top(args.profile_lines),
               "load": os.getloadavg()[0]}
     if args.child == "explorer":
         result["quality"] = chain.quality()
@@ -369,17 +372,26 @@ def table(results: list[dict]) -> str:
 
 
 def projection(results: list[dict]) -> str:
+    """The paper preset's full run: on this machine's cores, each stage timed here at its CPU
+    ratio to its floor (the others at their floor), and on one H100 at its floor."""
     paper = results[-1]["paper"]
-    rate = max(r["rate"] for r in results)
-    here = sum(paper[r["stage"]] / rate * max(1.0, r["seconds"] / r["floor"]) for r in results if r["flops"])
+    cores = os.cpu_count() or 1
+    rate = max(r["cpu_rate"] for r in results) * cores
+    ratio = {r["stage"]: max(1.0, r["cpu"] / r["cpu_floor"]) for r in results if r["flops"]}
     floor = sum(paper.values()) / rate
+    here = sum(flops / rate * ratio.get(stage, 1.0) for stage, flops in paper.items())
+    without_lm = here - paper["train-lm"] / rate * ratio.get("train-lm", 1.0)
     gpu = sum(paper.values()) / H100_RATE
-    by_stage = ", ".join(f"{s} {paper[s] / 1e15:.1f}" for s in STAGES if paper[s])
-    return (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, {PAPER_SAE_TOKENS / 1e6:.0f}M "
-            f"tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: {by_stage}):\n"
-            f"  this machine at {rate / 1e9:.0f} GFLOP/s: floor {floor / 3600:.0f} h, at this run's ratios {here / 3600:.0f} h "
-            f"({here / 86400:.1f} days)\n"
-            f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, not measured)")
+    by_stage = ", ".join(f"{s} {paper[s] / 1e15:.2f}" for s in STAGES if paper[s])
+    at = ", ".join(f"{s} {r:.1f}x" for s, r in ratio.items())
+    return (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, "
+            f"{PAPER_SAE_TOKENS / 1e6:.0f}M tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: "
+            f"{by_stage}):\n"
+            f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best rate per CPU second): "
+            f"floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at their floor) "
+            f"{here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training the LM\n"
+            f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, "
+            "not measured)")
 
 
 def main() -> None:
@@ -426,6 +438,7 @@ def main() -> None:
         print("\nseconds (CPU seconds) by stage, " + " -> ".join(c.name for c in codes) + ":")
         for j, stage in enumerate(stages):
             print(f"  {stage:<11} " + " -> ".join(f"{res[j]['seconds']:.1f} ({res[j]['cpu']:.1f})" for res in results))
+    (out / "results.json").write_text(json.dumps({str(c): r for c, r in zip(codes, results)}, indent=1))
     last = results[-1]
     if last[-1].get("paper"):
         print("\n" + projection(last))

@@ -21,7 +21,7 @@ import torch
 from circuits.attribution import (AttributionGraph, LayerSAETensors, attribute, frozen_from_cache, model_tensors,
                                   prune, scores)
 from circuits.config import Config, option
-from circuits.sae_basis import INPUT_SITES
+from circuits.sites import INPUT_SITES
 from pipelines.data.tokenizer import BOS, display_token
 from pipelines.engine.paths import RunPaths
 from pipelines.inputs import ModelInputs, SAEPaths, layer_saes
