@@ -369,20 +369,20 @@ def _describe_feature(tracker: _Tracker, f: int, windows: _Windows, effects, lis
 
 def _spread_samples(tracker: _Tracker, n: int) -> list[list[tuple[int, float]]]:
     """Per feature, `n` sampled activations at evenly spread quantiles: (corpus position, quantile)."""
-    index = tracker.sample.index
-    valid = index >= 0
-    # invalid slots sort last, after every sampled value
-    order = torch.argsort(tracker.sample.value.masked_fill(~valid, float("inf")), dim=1, stable=True)
-    index, counts = index.gather(1, order).tolist(), valid.sum(1).tolist()
+    index, values = tracker.sample.index, tracker.sample.value
+    counts = (index >= 0).sum(1).tolist()  # a feature's samples fill the first slots of its row
     picks = {}  # by the number of samples: positions of the quantiles
     out = []
-    for positions, m in zip(index, counts):
+    for f, m in enumerate(counts):
         if n == 0 or m == 0:
             out.append([])
             continue
         if m not in picks:
             picks[m] = sorted({int(round(q * (m - 1))) for q in np.linspace(0.05, 0.95, n)})
-        out.append([(positions[i], (i + 0.5) / m) for i in picks[m]])
+        # one sort per feature, as ties between equal activations have always been broken
+        order = torch.argsort(values[f, :m])[picks[m]].tolist()
+        positions = index[f, :m].tolist()
+        out.append([(positions[o], (i + 0.5) / m) for o, i in zip(order, picks[m])])
     return out
 
 
