@@ -326,6 +326,8 @@ def child(args) -> None:
     if m is not None:
         result["model"] = m.to_json()
         result["paper"] = paper_flops(chain.cfg, m) if args.child == "explorer" else None
+    with open(Path(args.out) / "bench-stages.jsonl", "a") as log:  # kept if the parent is stopped
+        log.write(json.dumps(result) + "\n")
     print("BENCH " + json.dumps(result), flush=True)
 
 
