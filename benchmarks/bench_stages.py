@@ -2,11 +2,11 @@
 their ratio, and where the time goes.
 
     python benchmarks/bench_stages.py [--quick] [--out DIR] [--threads 1] [--seed 0]
-                                      [--code DIR --code DIR ...]
+                                      [--code DIR --code DIR ...] [--from RUN --stages circuits,...]
 
 Runs the demo's stages (corpus, train-lm, train-saes, circuits, features, verdicts, report,
 explorer) with the demo's settings (`--quick`: `DemoConfig.small()`) into a fresh run
-directory. Each stage runs in its own process, the stages before it reused from their stamps
+directory (`--from RUN`: starting from the corpus, LM and SAEs of a finished run). Each stage runs in its own process, the stages before it reused from their stamps
 and left out of its time. Before each stage the process measures this machine's matmul rate
 (float32 products of square matrices, on `--threads` threads) and its disk write rate
 (a file written and synced), so that a floor and a time are taken under the same load.
@@ -33,6 +33,7 @@ the ratio measured here) and on one H100 (floors at a stated rate).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
@@ -167,14 +168,14 @@ class Chain:
         return calls[stage]
 
     def corpus(self):
-        from pipelines.stages import ensure_corpus
+        from pipelines.demo import ensure_corpus
 
         self.run.root.mkdir(parents=True, exist_ok=True)
         self.source = ensure_corpus(self.run, self.cfg.stories)
 
     def train_lm(self):
+        from pipelines.demo import ensure_lm, ensure_tokens
         from pipelines.inputs import ModelInputs, StageInputs
-        from pipelines.stages import ensure_lm, ensure_tokens
 
         cfg = self.cfg
         self.lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(self.run.lexicon)))
@@ -185,7 +186,7 @@ class Chain:
         self.layers = list(range(self.lm.config.n_layers))
 
     def train_saes(self):
-        from pipelines.stages import ensure_saes
+        from pipelines.demo import ensure_saes
 
         self.sae_metrics = ensure_saes(self.work, job=self.cfg.saes, layers=self.layers, runtime=self.runtime)
 
@@ -319,13 +320,15 @@ def child(args) -> None:
     m = chain.lm.config if chain.layers else None
     flops = stage_flops(args.child, chain.cfg, m) if m is not None else 0.0
     result = {"stage": args.child, "seconds": seconds, "cpu": cpu, "flops": flops, "bytes": written, "rate": rate, "disk": disk,
-              "floor": flops / rate + written / disk, "cpu_floor": flops / cpu_rate + written / disk, "profile": sampler.top(args.profile_lines),
+              "floor": flops / rate + written / disk, "cpu_rate": cpu_rate, "cpu_floor": flops / cpu_rate + written / disk, "profile": sampler.top(args.profile_lines),
               "load": os.getloadavg()[0]}
     if args.child == "explorer":
         result["quality"] = chain.quality()
     if m is not None:
         result["model"] = m.to_json()
         result["paper"] = paper_flops(chain.cfg, m) if args.child == "explorer" else None
+    with open(Path(args.out) / "bench-stages.jsonl", "a") as log:  # kept if the parent is stopped
+        log.write(json.dumps(result) + "\n")
     print("BENCH " + json.dumps(result), flush=True)
 
 
@@ -372,17 +375,26 @@ def table(results: list[dict]) -> str:
 
 
 def projection(results: list[dict]) -> str:
+    """The paper preset's full run: on this machine's cores, each stage timed here at its CPU
+    ratio to its floor (the others at their floor), and on one H100 at its floor."""
     paper = results[-1]["paper"]
-    rate = max(r["rate"] for r in results)
-    here = sum(paper[r["stage"]] / rate * max(1.0, r["seconds"] / r["floor"]) for r in results if r["flops"])
+    cores = os.cpu_count() or 1
+    rate = max(r["cpu_rate"] for r in results) * cores
+    ratio = {r["stage"]: max(1.0, r["cpu"] / r["cpu_floor"]) for r in results if r["flops"]}
     floor = sum(paper.values()) / rate
+    here = sum(flops / rate * ratio.get(stage, 1.0) for stage, flops in paper.items())
+    without_lm = here - paper["train-lm"] / rate * ratio.get("train-lm", 1.0)
     gpu = sum(paper.values()) / H100_RATE
-    by_stage = ", ".join(f"{s} {paper[s] / 1e15:.1f}" for s in STAGES if paper[s])
-    return (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, {PAPER_SAE_TOKENS / 1e6:.0f}M "
-            f"tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: {by_stage}):\n"
-            f"  this machine at {rate / 1e9:.0f} GFLOP/s: floor {floor / 3600:.0f} h, at this run's ratios {here / 3600:.0f} h "
-            f"({here / 86400:.1f} days)\n"
-            f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, not measured)")
+    by_stage = ", ".join(f"{s} {paper[s] / 1e15:.2f}" for s in STAGES if paper[s])
+    at = ", ".join(f"{s} {r:.1f}x" for s, r in ratio.items())
+    return (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, "
+            f"{PAPER_SAE_TOKENS / 1e6:.0f}M tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: "
+            f"{by_stage}):\n"
+            f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best rate per CPU second): "
+            f"floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at their floor) "
+            f"{here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training the LM\n"
+            f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, "
+            "not measured)")
 
 
 def main() -> None:
@@ -394,6 +406,9 @@ def main() -> None:
     parser.add_argument("--code", action="append", type=Path, help="a code tree to run (repeat to compare; default: "
                                                                    "this one)")
     parser.add_argument("--stages", default=",".join(STAGES), help="comma list: run up to the last, time these")
+    parser.add_argument("--from", dest="source", type=Path, default=None,
+                        help="a finished demo run whose corpus, LM and SAEs each run starts from (with --stages "
+                             "circuits,...: the analysis stages alone, every code tree on the same inputs)")
     parser.add_argument("--profile-lines", type=int, default=3, help="places listed per stage")
     parser.add_argument("--child", choices=STAGES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -406,6 +421,9 @@ def main() -> None:
     if any(r.exists() for r in runs):
         sys.exit(f"--out {out} already holds runs: give a new folder")
     stages = [s for s in STAGES if s in args.stages.split(",")]
+    for run in runs if args.source else []:
+        for name in ("corpus", "lm", "tokens", "saes"):
+            shutil.copytree(args.source / name, run / name)
     print(f"demo{' (quick)' if args.quick else ''}, seed {args.seed}, {args.threads} torch thread(s); "
           f"load average at start {os.getloadavg()[0]:.2f}; runs in {out}", flush=True)
     results: list[list[dict]] = [[] for _ in codes]
@@ -423,6 +441,7 @@ def main() -> None:
         print("\nseconds (CPU seconds) by stage, " + " -> ".join(c.name for c in codes) + ":")
         for j, stage in enumerate(stages):
             print(f"  {stage:<11} " + " -> ".join(f"{res[j]['seconds']:.1f} ({res[j]['cpu']:.1f})" for res in results))
+    (out / "results.json").write_text(json.dumps({str(c): r for c, r in zip(codes, results)}, indent=1))
     last = results[-1]
     if last[-1].get("paper"):
         print("\n" + projection(last))

@@ -194,6 +194,10 @@ class _Windows:
         self.pieces = [tok.id_to_token(i) or "?" for i in range(tok.get_vocab_size())]
         self.specials = set(special_ids(tok))
         self.cfg = cfg
+        # each token's text in a context, plain and marked as the active one
+        self.plain = [" " + p[1:] if p.startswith(WORD_START) else p for p in self.pieces]
+        self.marked = [(" " if p.startswith(WORD_START) else "") + f"[{p.removeprefix(WORD_START)}]"
+                       for p in self.pieces]
 
     def piece(self, index: int) -> str:
         return self.pieces[index] if index < len(self.pieces) else f"<{index}>"
@@ -206,20 +210,13 @@ class _Windows:
 
     def context(self, flat: int) -> str:
         row, pos = divmod(flat, self.n_ctx)
-        doc = self.docs[row]
         lo, hi = max(0, pos - self.cfg.left), min(self.n_ctx, pos + 1 + self.cfg.right)
-        parts = []
-        for p in range(lo, hi):
-            index = int(self.tokens[row, p])
-            if doc[p] != doc[pos] or index in self.specials:
-                continue
-            piece = self.piece(index)
-            if p == pos:
-                space = " " if piece.startswith(WORD_START) else ""
-                piece = f"{space}[{piece.removeprefix(WORD_START)}]"
-            parts.append(piece)
-        text = "".join(" " + p[1:] if p.startswith(WORD_START) else p for p in parts)
-        return text.strip()
+        # plain lists: indexing numpy scalars one by one costs more than the text itself
+        ids, docs = self.tokens[row, lo:hi].tolist(), self.docs[row, lo:hi].tolist()
+        own, n = docs[pos - lo], len(self.pieces)
+        parts = [(self.marked if p == pos else self.plain)[index] if index < n else f"<{index}>"
+                 for p, index, doc in zip(range(lo, hi), ids, docs) if doc == own and index not in self.specials]
+        return "".join(parts).strip()
 
 
 @torch.no_grad()
@@ -251,20 +248,21 @@ def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, sa
     for (layer, site), tracker in trackers.items():
         effects = logit_effects(model, saes[(layer, site)].W_dec).cpu() if site == OUTPUT_SITE else None
         boosts = _lexicon_boosts(effects, listable, lexicon_tokens, cfg) if effects is not None else {}
+        summary = _Summary(tracker, effects, listable, boosts, cfg)
         for f in range(len(tracker.count)):
-            row = _describe_feature(tracker, f, windows, effects, listable, boosts, cfg)
+            row = _describe_feature(tracker, f, windows, effects, listable, boosts, cfg, summary)
             records.append({"layer": layer, "site": site, "feature": f, **row})
-            total = float(tracker.abs_total[f]) or float("nan")
-            for channel, mass in tracker.mass.items():
+            total = summary.abs_total[f] or float("nan")
+            for channel, mass in summary.mass.items():
                 for i, name in enumerate(tracker.classes[channel]):
-                    share = float(mass[f, i]) / total
-                    base = tracker.base_share(channel, i)
+                    share = mass[f][i] / total
+                    base = summary.base[channel][i]
                     label_records.append({"layer": layer, "site": site, "feature": f, "channel": channel,
                                           "class": name, "kind": "activation_share", "value": share,
                                           "lift": share / base if base > 0 else float("nan"), "n_tokens": None})
-            for name, (values, n) in boosts.items():
+            for name, (values, n) in summary.boosts.items():
                 label_records.append({"layer": layer, "site": site, "feature": f, "channel": LEXICON_CHANNEL,
-                                      "class": name, "kind": "logit_boost", "value": float(values[f]),
+                                      "class": name, "kind": "logit_boost", "value": values[f],
                                       "lift": float("nan"), "n_tokens": n})
     features = pd.DataFrame(records, columns=TABLES["features"].names)
     labels = pd.DataFrame(label_records, columns=TABLES["feature_labels"].names)
@@ -291,70 +289,101 @@ def _lexicon_boosts(effects: torch.Tensor, listable: torch.Tensor, lexicon_token
     return out
 
 
-def _describe_feature(tracker: _Tracker, f: int, windows: _Windows, effects, listable, boosts, cfg) -> dict:
-    n_active = int(tracker.count[f])
+class _Summary:
+    """A tracker's per-feature figures, computed for every feature at once and held as
+    Python lists, so that describing each feature only reads them."""
+
+    def __init__(self, tracker: _Tracker, effects: torch.Tensor | None, listable: torch.Tensor | None, boosts: dict,
+                 cfg: FeatureConfig):
+        n = len(tracker.count)
+        self.count, self.max = tracker.count.tolist(), tracker.max.tolist()
+        self.total, self.abs_total = tracker.total.tolist(), tracker.abs_total.tolist()
+        self.top = tracker.top.index.tolist()
+        self.samples = _spread_samples(tracker, cfg.n_samples)
+        mass = tracker.token_mass.view(n, tracker.d_vocab)
+        best = mass.argmax(1)
+        self.token_total, self.top_token = mass.sum(1).tolist(), best.tolist()
+        self.top_token_mass = mass.gather(1, best[:, None])[:, 0].tolist()
+        self.boosted = self.suppressed = None
+        if effects is not None:
+            e = effects.masked_fill(~listable, float("nan"))
+            m = cfg.n_logit_tokens
+            self.boosted = torch.argsort(torch.nan_to_num(e, nan=float("-inf")), dim=1, descending=True)[:, :m].tolist()
+            self.suppressed = torch.argsort(torch.nan_to_num(e, nan=float("inf")), dim=1)[:, :m].tolist()
+        self.mass = {channel: m.tolist() for channel, m in tracker.mass.items()}
+        self.base = {channel: [tracker.base_share(channel, i) for i in range(len(names))]
+                     for channel, names in tracker.classes.items()}
+        self.boosts = {name: (values.tolist(), count) for name, (values, count) in boosts.items()}
+
+
+def _describe_feature(tracker: _Tracker, f: int, windows: _Windows, effects, listable, boosts, cfg,
+                      summary: _Summary | None = None) -> dict:
+    """One row of the `features` table (`summary`: the tracker's, if already made)."""
+    s = summary or _Summary(tracker, effects, listable, boosts, cfg)
+    n_active = int(s.count[f])
     row = {
         "frequency": n_active / max(1, tracker.n_tokens),
-        "max_activation": float(tracker.max[f]) if n_active else 0.0,
-        "mean_activation": float(tracker.total[f] / n_active) if n_active else 0.0,
+        "max_activation": s.max[f] if n_active else 0.0,
+        "mean_activation": s.total[f] / n_active if n_active else 0.0,
     }
-    top = [i for i in tracker.top.index[f].tolist() if i >= 0]
+    top = [i for i in s.top[f] if i >= 0]
     docs = [windows.document(i) for i in top]
     row["top_contexts"] = [windows.context(i) for i in top]
     row["top_documents"] = docs
     row["top_tokens"] = [windows.token(i) for i in top]
-    samples = _spread_samples(tracker, f, cfg.n_samples)
+    samples = s.samples[f]
     row["sample_contexts"] = [windows.context(i) for i, _ in samples]
     row["sample_quantiles"] = [q for _, q in samples]
-    mass = tracker.token_mass[f * tracker.d_vocab : (f + 1) * tracker.d_vocab]
-    total = float(mass.sum())
+    total = s.token_total[f]
     if total > 0:
-        best = int(mass.argmax())
-        row["top_token"] = display_token(windows.piece(best))
-        row["top_token_share"] = float(mass[best]) / total
+        row["top_token"] = display_token(windows.piece(s.top_token[f]))
+        row["top_token_share"] = s.top_token_mass[f] / total
     else:
         row["top_token"], row["top_token_share"] = None, float("nan")
     row["is_token_feature"] = bool(total > 0 and row["top_token_share"] >= cfg.token_feature_share)
     row["boosted_tokens"], row["suppressed_tokens"] = [], []
-    if effects is not None:
-        e = effects[f].masked_fill(~listable, float("nan"))
-        order = torch.argsort(torch.nan_to_num(e, nan=float("-inf")), descending=True)
-        row["boosted_tokens"] = [display_token(windows.piece(int(i))) for i in order[: cfg.n_logit_tokens]]
-        order = torch.argsort(torch.nan_to_num(e, nan=float("inf")))
-        row["suppressed_tokens"] = [display_token(windows.piece(int(i))) for i in order[: cfg.n_logit_tokens]]
+    if s.boosted is not None:
+        row["boosted_tokens"] = [display_token(windows.piece(i)) for i in s.boosted[f]]
+        row["suppressed_tokens"] = [display_token(windows.piece(i)) for i in s.suppressed[f]]
     row["label"], row["label_share"] = None, float("nan")
     best_share = 0.0
-    denominator = float(tracker.abs_total[f])
-    for channel, mass_c in tracker.mass.items():
+    denominator = s.abs_total[f]
+    for channel, mass_c in s.mass.items():
         if denominator <= 0 or n_active < cfg.min_label_tokens:
             continue
         for i, name in enumerate(tracker.classes[channel]):
-            share = float(mass_c[f, i]) / denominator
+            share = mass_c[f][i] / denominator
             # a share no higher than the class's share of all tokens says nothing: with two
             # balanced classes of documents every feature would get one at 50%
-            if share >= cfg.label_share and share >= cfg.label_lift * tracker.base_share(channel, i) \
-                    and share > best_share:
+            if share >= cfg.label_share and share >= cfg.label_lift * s.base[channel][i] and share > best_share:
                 best_share = share
                 row["label"] = name if name == channel else f"{channel}={name}"
                 row["label_share"] = share
     row["boost_label"], row["boost_sd"] = None, float("nan")
-    if boosts:
-        name = max(boosts, key=lambda c: float(boosts[c][0][f]))
-        row["boost_label"], row["boost_sd"] = name, float(boosts[name][0][f])
+    if s.boosts:
+        name = max(s.boosts, key=lambda c: s.boosts[c][0][f])
+        row["boost_label"], row["boost_sd"] = name, s.boosts[name][0][f]
     row["description"] = describe(row, cfg)
     return row
 
 
-def _spread_samples(tracker: _Tracker, f: int, n: int) -> list[tuple[int, float]]:
-    """`n` sampled activations of f at evenly spread quantiles: (corpus position, quantile)."""
-    valid = tracker.sample.index[f] >= 0
-    values, index = tracker.sample.value[f][valid], tracker.sample.index[f][valid]
-    if n == 0 or len(values) == 0:
-        return []
-    order = torch.argsort(values)
-    values, index = values[order], index[order]
-    picks = sorted({int(round(q * (len(values) - 1))) for q in np.linspace(0.05, 0.95, n)})
-    return [(int(index[i]), (i + 0.5) / len(values)) for i in picks]
+def _spread_samples(tracker: _Tracker, n: int) -> list[list[tuple[int, float]]]:
+    """Per feature, `n` sampled activations at evenly spread quantiles: (corpus position, quantile)."""
+    index, values = tracker.sample.index, tracker.sample.value
+    counts = (index >= 0).sum(1).tolist()  # a feature's samples fill the first slots of its row
+    picks = {}  # by the number of samples: positions of the quantiles
+    out = []
+    for f, m in enumerate(counts):
+        if n == 0 or m == 0:
+            out.append([])
+            continue
+        if m not in picks:
+            picks[m] = sorted({int(round(q * (m - 1))) for q in np.linspace(0.05, 0.95, n)})
+        # one sort per feature, as ties between equal activations have always been broken
+        order = torch.argsort(values[f, :m])[picks[m]].tolist()
+        positions = index[f, :m].tolist()
+        out.append([(positions[o], (i + 0.5) / m) for o, i in zip(order, picks[m])])
+    return out
 
 
 def describe(row: dict, cfg: FeatureConfig) -> str:
