@@ -32,7 +32,7 @@ def run(seed: int, rows: int, groups: tuple[str, ...]) -> tuple[pd.DataFrame, di
     world = build_world(PlantedConfig(seed=seed, rows=rows))
     n_out = len(world.gates)
     tables = analyse(world, CircuitConfig(seed=seed), FeatureConfig(n_rows=rows, seed=seed),
-                     VerdictConfig(rows=rows, groups=groups, n_ablate=n_out, ablate_rows=rows, seed=seed))
+                     VerdictConfig(rows=rows, groups=groups, n_ablate=n_out, seed=seed))
     frame, summary = score(world, tables)
     return frame, summary, time.perf_counter() - start
 

@@ -21,7 +21,7 @@ def found():
     with intra_op_threads(1):
         world = build_world(PlantedConfig(rows=ROWS))
         tables = analyse(world, CircuitConfig(), FeatureConfig(n_rows=ROWS),
-                         VerdictConfig(rows=ROWS, groups=("eigen",), n_ablate=len(world.gates), ablate_rows=ROWS))
+                         VerdictConfig(rows=ROWS, groups=("eigen",), n_ablate=len(world.gates)))
         return world, tables, *score(world, tables)
 
 

@@ -28,8 +28,9 @@ from pipelines.report.inputs import ReportData, interaction_submatrix, load_repo
 
 INDEX = "index.html"
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
-CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_score",
-                     "contribution_share", "coactivation", "and_data", "split_pair", "drop_a", "drop_b", "verdict",
+CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_type",
+                     "causal_score", "keep_a", "keep_b", "synergy", "gate_score", "and_data", "split_pair", "drop_a",
+                     "drop_b", "verdict",
                      "negation_gate", "out_description", "a_description", "b_description"]
 
 
