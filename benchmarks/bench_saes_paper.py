@@ -38,10 +38,11 @@ import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from circuits.sites import DEFAULT_SAE_SITES  # noqa: E402
 
 LAYERS, D_MODEL, N_CTX, VOCAB, BATCH, K = 6, 512, 256, 4096, 4096, 30
 PAPER_TOKENS = 150_000_000
-POINTS = [(layer, site) for layer in range(LAYERS) for site in ("resid_mid", "mlp_out")]
+POINTS = [(layer, site) for layer in range(LAYERS) for site in DEFAULT_SAE_SITES]
 
 
 class Rows:

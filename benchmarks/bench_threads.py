@@ -78,6 +78,7 @@ def token_pass():
     from circuits.gates.pairs import Candidates, GateStats
     from pipelines.lm.model import PRESETS, build_model
     from sae.activations import iter_activations
+    from circuits.sites import MLP_OUT, RESID_MID
 
     model = build_model(PRESETS["demo"].replace(d_vocab=600)).eval()
     tokens = torch.randint(0, 600, (64, 128))
@@ -88,9 +89,9 @@ def token_pass():
     W = torch.randn(128, 512, generator=g)
 
     def run():
-        for found in iter_activations(model, tokens, [(2, "resid_mid"), (2, "mlp_out")]):
-            z = (found[(2, "resid_mid")] @ W).relu()
-            acts = (found[(2, "mlp_out")] @ W).relu()
+        for found in iter_activations(model, tokens, [(2, RESID_MID), (2, MLP_OUT)]):
+            z = (found[(2, RESID_MID)] @ W).relu()
+            acts = (found[(2, MLP_OUT)] @ W).relu()
             z = z * (z >= z.topk(16, dim=1).values[:, -1:])
             acts = acts * (acts >= acts.topk(16, dim=1).values[:, -1:])
             stats.update(z, torch.ones(len(z)), acts)

@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from circuits.bilinear import symmetrise  # noqa: E402
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID  # noqa: E402
 from circuits.sae_basis import preactivation_offset, token_scale  # noqa: E402
 from circuits.spectra import ActiveCorrelation, eigh_by_magnitude, lowrank_at  # noqa: E402
 
@@ -192,7 +193,7 @@ def read_layer_table(run: Path, name: str, layer: int, part: str, tries: int, wa
 
 
 def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
-    from pipelines.data.corpus import LEXICON_FILE, CorpusConfig
+    from pipelines.data.corpus import CorpusConfig
     from pipelines.engine.paths import RunPaths
     from pipelines.lm.model import load_model
     from pipelines.stages import ensure_tokens
@@ -204,7 +205,7 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
     paths = RunPaths(run)
     model, cfg = load_model(paths.lm)
     tokenizer = load_tokenizer(paths.lm)
-    lexicon = paths.corpus / LEXICON_FILE
+    lexicon = paths.lexicon
     store = ensure_tokens(paths, str(paths.corpus), tokenizer, cfg.n_ctx,
                           CorpusConfig(lexicon=str(lexicon) if lexicon.is_file() else None))
     held = store.held_out
@@ -213,8 +214,8 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
     eps = float(model.cfg.eps)
 
     mlps = {l: from_hooked_transformer(model, l).to(F64) for l in layers}
-    sae_in = {l: load_sae(paths.sae(l, "resid_mid")).weights.to(F64) for l in layers}
-    sae_out = {l: load_sae(paths.sae(l, "mlp_out")).weights.to(F64) for l in layers}
+    sae_in = {l: load_sae(paths.sae(l, RESID_MID)).weights.to(F64) for l in layers}
+    sae_out = {l: load_sae(paths.sae(l, MLP_OUT)).weights.to(F64) for l in layers}
     print(f"\nrun {run}: {cfg.n_layers} layers, d_model {cfg.d_model}, d_mlp {cfg.d_mlp}; input SAEs on resid_mid "
           f"({sae_in[0].d_sae} latents, k {sae_in[0].k}), output SAEs on mlp_out ({sae_out[0].d_sae}, "
           f"k {sae_out[0].k}); "
@@ -262,24 +263,24 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
     corr_s = {l: ActiveCorrelation(sae_out[l].d_sae, R + 1) for l in layers}  # last column: full rank
     corr_L = {l: ActiveCorrelation(sae_out[l].d_sae, R + 1) for l in layers}
     pairs = {l: {k: [] for k in ("feature", "target", "dec", "bterm")} for l in layers}
-    neg = {(l, s): [0, 0, 0, 0, float("inf")] for l in layers for s in ("resid_mid", "mlp_out")}
+    neg = {(l, s): [0, 0, 0, 0, float("inf")] for l in layers for s in (RESID_MID, MLP_OUT)}
     # negative selections, selections, tokens with a negative one, tokens, smallest k-th value
     n_active_ours = {l: torch.zeros(sae_out[l].d_sae, dtype=torch.long) for l in layers}
     assert all(sae_in[l].relu and sae_out[l].relu and sae_in[l].k and sae_out[l].k for l in layers), \
         "expected TopK SAEs with ReLU (sae-lens format)"
-    points = [(l, site) for l in layers for site in ("resid_mid", "mlp_in", "mlp_out")]
+    points = [(l, site) for l in layers for site in (RESID_MID, MLP_IN, MLP_OUT)]
     n_tokens = 0
     for _, tokens in held.iter_batches(64, n_rows):
         for acts in iter_activations(model, tokens, points, held.keep(tokens), 64):
-            n_tokens += acts[(0, "mlp_in")].shape[0]
+            n_tokens += acts[(0, MLP_IN)].shape[0]
             for l in layers:
                 mlp, si, so, s = mlps[l], sae_in[l], sae_out[l], per_layer[l]
-                r = acts[(l, "resid_mid")].to(F64)
-                x = acts[(l, "mlp_in")].to(F64)
-                m = acts[(l, "mlp_out")].to(F64)
+                r = acts[(l, RESID_MID)].to(F64)
+                x = acts[(l, MLP_IN)].to(F64)
+                m = acts[(l, MLP_OUT)].to(F64)
                 pre_in, pre_out = si.pre(r), so.pre(m)
                 selected = {}
-                for site, sae, pre in (("resid_mid", si, pre_in), ("mlp_out", so, pre_out)):
+                for site, sae, pre in ((RESID_MID, si, pre_in), (MLP_OUT, so, pre_out)):
                     values, indices = pre.topk(sae.k, dim=-1)
                     selected[site] = torch.zeros_like(pre).scatter_(-1, indices, values).relu_()  # ours: ReLU
                     count = neg[(l, site)]
@@ -288,7 +289,7 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
                     count[2] += int((values < 0).any(-1).sum())
                     count[3] += values.shape[0]
                     count[4] = min(count[4], float(values[:, -1].min()))
-                act = selected["mlp_out"]  # ours: TopK then ReLU, = so.encode(m)
+                act = selected[MLP_OUT]  # ours: TopK then ReLU, = so.encode(m)
                 token, feature = act.nonzero(as_tuple=True)
                 n_active_ours[l] += torch.bincount(feature, minlength=so.d_sae)
                 y = act[token, feature]
@@ -300,8 +301,8 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
                 corr_L[l].update(torch.cat([approx, _pair_forms(x, s["L_full"], token, feature)[:, None]], 1),
                                  y, feature)
                 # the input SAE's reconstruction in the MLP-input basis, with and without b_dec
-                scale = token_scale(r, eps, "resid_mid")
-                y_dec = (selected["resid_mid"] @ si.W_dec) * mlp.g  # z = si.encode(r)
+                scale = token_scale(r, eps, RESID_MID)
+                y_dec = (selected[RESID_MID] @ si.W_dec) * mlp.g  # z = si.encode(r)
                 dec = ((y_dec @ mlp.W_gate) * (y_dec @ mlp.W_in)) @ mlp.W_out @ so.W_enc  # [t, n_out]
                 bterm = y_dec @ s["lin"].T + s["const"]
                 if not pairs[l]["dec"]:  # check once: decoder-only + b-terms = the form of the full reconstruction
@@ -399,7 +400,7 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
     print(f"    {'layer':>5} {'site':>10} {'k':>3} {'negative selections':>26} {'tokens with one or more':>24} "
           f"{'smallest k-th value':>20}")
     for (l, site), (n_neg, n_sel, t_neg, t_all, low) in neg.items():
-        k = (sae_in if site == "resid_mid" else sae_out)[l].k
+        k = (sae_in if site == RESID_MID else sae_out)[l].k
         print(f"    {l:>5} {site:>10} {k:>3} {f'{n_neg} of {n_sel} ({pct(n_neg / n_sel)})':>26} "
               f"{pct(t_neg / t_all):>24} {low:>20.3f}")
 

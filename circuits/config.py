@@ -14,11 +14,15 @@ field in a JSON file is a `ValueError` that names the field. This module lives i
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+# the largest seed: the stages derive seeds from it (seed * a prime + a step, under 2**32),
+# which torch's generators (at most 2**64 - 1), numpy's and Python's all take
+SEED_MAX = 2**32 - 1
 
 def option(default: Any = dataclasses.MISSING, doc: str = "", *, low: float | None = None,
            high: float | None = None, choices: tuple | None = None, runtime: bool = False,
@@ -32,6 +36,11 @@ def option(default: Any = dataclasses.MISSING, doc: str = "", *, low: float | No
     return field(default=default, metadata=metadata)
 
 
+def seed_option(doc: str):
+    """A documented seed field, bounded to what every random generator of the project takes."""
+    return option(0, doc, low=0, high=SEED_MAX)
+
+
 @dataclass(frozen=True)
 class Config:
     """Base of every config: validation on construction, JSON in and out."""
@@ -43,6 +52,10 @@ class Config:
             where = f"{type(self).__name__}.{f.name}"
             _check_type(value, hints[f.name], where)
             meta = f.metadata
+            for number in value if isinstance(value, tuple) else (value,):
+                # NaN passes every comparison below, and infinities are no setting
+                if isinstance(number, float) and not math.isfinite(number):
+                    raise ValueError(f"{where} must be a finite number, got {number!r}")
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 if meta.get("low") is not None and value < meta["low"]:
                     raise ValueError(f"{where} must be at least {meta['low']}, got {value!r}")

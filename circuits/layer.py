@@ -40,10 +40,11 @@ import torch
 from tqdm.auto import tqdm
 
 from circuits.bilinear import hosvd, interaction_matrices, output_constant
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.gates.pairs import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
-from circuits.sae_basis import INPUT_SITES, input_basis, preactivation_offset
+from circuits.sae_basis import input_basis, preactivation_offset
+from circuits.sites import DEFAULT_INPUT_SITE, check_input_site, input_gain
 from circuits.spectra import (ActiveCorrelation, eigh_by_magnitude, group_positions, lowrank_at, rebatch,
                               smallest_per_group)
 from circuits.weights import MLPWeights, SAEWeights
@@ -75,7 +76,7 @@ class CircuitConfig(Config):
     block_size: int = option(256, "input features per side of each block of the projected matrix", low=1, runtime=True)
     token_batch: int = option(8192, "tokens gathered before each statistics update", low=1, runtime=True)
     dtype: str = option("float32", "torch dtype of the tensor math (statistics use float64)", choices=("float32", "float64"))
-    seed: int = option(0, "seeds the sample of active tokens stored per output feature (lowrank_samples)")
+    seed: int = seed_option("seeds the sample of active tokens stored per output feature (lowrank_samples)")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -116,7 +117,7 @@ def analyse_layer(
     cfg: CircuitConfig,
     *,
     layer: int,
-    input_site: str = "resid_mid",
+    input_site: str = DEFAULT_INPUT_SITE,
     timings: dict[str, float] | None = None,
     progress: bool = False,
     workers: int = 1,
@@ -135,8 +136,7 @@ def analyse_layer(
     caller set them). Their many small products run fastest on one thread: splitting each
     operation costs more in synchronisation than it gains, and collapses on a busy machine.
     """
-    if input_site not in INPUT_SITES:
-        raise ValueError(f"unknown input site {input_site!r}; choose from {', '.join(INPUT_SITES)}")
+    check_input_site(input_site)
     timings = {} if timings is None else timings
     _check_shapes(mlp, sae_in, outputs)
     device = mlp.W_gate.device
@@ -144,7 +144,7 @@ def analyse_layer(
     mlp = mlp.to(dtype, device)
     sae_in = sae_in.to(dtype, device)
     directions = outputs.directions.to(device=device, dtype=dtype)
-    basis = input_basis(sae_in.W_dec, sae_in.b_dec, mlp.g if input_site == "resid_mid" else None)
+    basis = input_basis(sae_in.W_dec, sae_in.b_dec, input_gain(input_site, mlp.g))
     n_in = basis.shape[1] - 1
     unit_inputs = basis[:, :n_in] / basis[:, :n_in].norm(dim=0).clamp_min(1e-30)
     n_out, d = directions.shape
@@ -232,8 +232,9 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
     samples += (torch.empty(0, R, dtype=lam.dtype, device=device),)
     for batch in rebatch(tqdm(batches(), desc=f"layer {layer} tokens", disable=not progress),
                          cfg.token_batch, lam.dtype, device):
-        sparse.append((batch.z.to_sparse_csr(), batch.scale, batch.acts.to_sparse_csr()))
         token, feature = batch.acts.nonzero(as_tuple=True)
+        on_in = _csr(batch.z, *batch.z.nonzero(as_tuple=True))
+        sparse.append((on_in, batch.scale, _csr(batch.acts, token, feature)))
         if token.numel() == 0:
             continue
         approx = lowrank_at(batch.x, lam, vec, token, feature)  # [p, R], cumulative
@@ -246,16 +247,24 @@ def _first_pass(batches, lam, vec, n_in: int, cfg: CircuitConfig, layer: int, pr
         terms = torch.diff(approx, dim=1, prepend=torch.zeros_like(approx[:, :1]))
         eigen_activation.index_add_(0, feature, terms.double())
         act_sum.index_add_(0, feature, act.double())
-        on_out = (batch.acts != 0).float()
-        coactive += (on_out.T @ (batch.z != 0).float()).double()
-        a64 = batch.acts.double().where(batch.acts != 0, torch.tensor(float("nan"), dtype=torch.float64))
-        high = torch.fmax(high, torch.nan_to_num(a64, nan=float("-inf")).amax(0))
-        low = torch.fmin(low, torch.nan_to_num(a64, nan=float("inf")).amin(0))
+        # [n_out, t] sparse times [t, n_in]: k_out * n_in products per token instead of n_out * n_in
+        on_out = _csr(batch.acts, token, feature, torch.ones_like(act)).t()
+        coactive += (on_out @ (batch.z != 0).to(act.dtype)).double()
+        high.scatter_reduce_(0, feature, act.double(), "amax")
+        low.scatter_reduce_(0, feature, act.double(), "amin")
     n_active, corr = stats.result(cfg.min_active)
     finite = torch.isfinite(high)
     return {"n_active": n_active, "corr": corr, "eigen_activation": eigen_activation, "act_sum": act_sum,
             "coactive": coactive, "max": torch.where(finite, high, 0.0), "min": torch.where(finite, low, 0.0),
             "sparse": sparse, "samples": samples}
+
+
+def _csr(dense: torch.Tensor, row: torch.Tensor, col: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
+    """`dense [t, n]` as a sparse CSR tensor from its nonzero positions `row, col [p]`
+    (row-major, as `nonzero` gives them); `values [p]` replaces the entries when given."""
+    counts = torch.bincount(row, minlength=dense.shape[0])
+    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return torch.sparse_csr_tensor(crow, col, dense[row, col] if values is None else values, dense.shape)
 
 
 def _gate_pass(mlp, basis, directions, weight_pairs, first, cfg, layer, progress) -> dict:

@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import torch
 
-INPUT_SITES = ("resid_mid", "mlp_in")
+from circuits.sites import RESID_MID, check_input_site
+
 OUTPUT_BASES = ("encoder", "decoder")
 
 
 def input_basis(W_dec: torch.Tensor, b_dec: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     """`M = diag(g) [D, b_dec]` with `D = W_dec^T`: `[n_in, d], [d], [d] -> [d, n_in + 1]`.
 
-    Column `n_in` is the constant coordinate (z'_{n_in} = 1). `g` is the norm's gain for an
-    SAE on resid_mid, None for an SAE on mlp_in (which already reads the MLP input).
+    Column `n_in` is the constant coordinate (z'_{n_in} = 1). `g` is the gain the input
+    site implies (`circuits.sites.input_gain`): the norm's on resid_mid, None on mlp_in.
     """
     D = torch.cat([W_dec, b_dec.unsqueeze(0)]).T
     return D if g is None else g.unsqueeze(1) * D
@@ -46,11 +47,9 @@ def input_basis(W_dec: torch.Tensor, b_dec: torch.Tensor, g: torch.Tensor | None
 def token_scale(r: torch.Tensor, eps: float, site: str) -> torch.Tensor:
     """The per-token factor s with `x^T Q x = s * z'^T Qt z'`: `1 / rms(r)^2` for resid_mid
     inputs `r [..., d]` (mean(r^2) + eps), 1 for mlp_in. Returns `[...]`."""
-    if site == "mlp_in":
-        return torch.ones(r.shape[:-1], dtype=r.dtype, device=r.device)
-    if site != "resid_mid":
-        raise ValueError(f"unknown input site {site!r}; choose from {', '.join(INPUT_SITES)}")
-    return 1.0 / (r.square().mean(-1) + eps)
+    if check_input_site(site) == RESID_MID:
+        return 1.0 / (r.square().mean(-1) + eps)
+    return torch.ones(r.shape[:-1], dtype=r.dtype, device=r.device)
 
 
 def project(Q: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

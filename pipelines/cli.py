@@ -3,7 +3,7 @@
 Options come from the job configs (`pipelines.jobs`) and the runtime (`pipelines.runtime`)
 through `pipelines.options`. Arguments are checked, and the model's config read, before
 anything heavy loads, so usage errors come at once. Every command holds the run directory's
-lock while it works, and reports errors, a busy run or Ctrl-C as one line (exit 2, or 130
+lock while it works (`explore --serve` serves once it has let it go), and reports errors, a busy run or Ctrl-C as one line (exit 2, or 130
 for an interruption) instead of a traceback; `--debug` shows the traceback instead.
 """
 
@@ -135,10 +135,21 @@ class _Context:
 
 def _builtin_labels(folder: Path):
     """The built-in corpus ships its lexicon: use it unless the user names another."""
-    from pipelines.data.corpus import LEXICON_FILE, CorpusConfig
+    from pipelines.data.corpus import CorpusConfig
+    from pipelines.engine.paths import LEXICON
 
-    lexicon = folder / LEXICON_FILE
+    lexicon = folder / LEXICON
     return CorpusConfig(lexicon=str(lexicon)) if lexicon.is_file() else CorpusConfig()
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port takes a number, not {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"--port must be 0..65535, not {port}")
+    return port
 
 
 # ------------------------------------------------------------------ commands
@@ -167,13 +178,13 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     run = RunPaths(args.out)
     model_cfg = config_from(args, ModelConfig, PRESETS[args.preset])
     runtime = _runtime(args)
-    if args.corpus is None:
-        source = str(ensure_corpus(run, StoryConfig()) if not run.corpus.is_dir() else run.corpus)
-        corpus_cfg = config_from(args, CorpusConfig, _builtin_labels(run.corpus))
-    else:
-        source, corpus_cfg = args.corpus, config_from(args, CorpusConfig)
-    job = LMJob(corpus=corpus_cfg, model=model_cfg, tokenizer=config_from(args, TokenizerConfig),
+    # every option is checked before the built-in corpus is written
+    job = LMJob(corpus=config_from(args, CorpusConfig), model=model_cfg, tokenizer=config_from(args, TokenizerConfig),
                 train=config_from(args, LMTrainConfig))
+    source = args.corpus
+    if source is None:
+        source = str(ensure_corpus(run, StoryConfig()) if not run.corpus.is_dir() else run.corpus)
+        job = job.replace(corpus=config_from(args, CorpusConfig, _builtin_labels(run.corpus)))
     summary = ensure_lm(run, source=source, job=job, runtime=runtime, force=args.force)
     print(f"model: {run.lm} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model})")
     print(f"held-out loss {summary['held_out_loss']:.3f} nats, {summary['bits_per_byte']:.3f} bits per byte; "
@@ -257,15 +268,45 @@ def cmd_report(args: argparse.Namespace) -> None:
     print(f"report: {path}")
 
 
-def cmd_explore(args: argparse.Namespace) -> None:
+def cmd_explore(args: argparse.Namespace):
     from pipelines.engine.paths import RunPaths
     from pipelines.explorer.site import serve, write_explorer
 
     run = RunPaths(args.out)
     index = write_explorer(run)
     print(f"explorer: {index}")
+    if args.serve:  # serving reads only what was just written: no lock held while it runs
+        return lambda: serve(run.explorer, args.host, args.port)
+    return None
+
+
+def cmd_graph(args: argparse.Namespace) -> None:
+    from pipelines.engine.paths import RunPaths
+    from pipelines.graph.build import read_prompts
+    from pipelines.graph.serve import graph_server
+    from pipelines.graph.stage import make_graphs, summary
+    from pipelines.inputs import ModelInputs
+    from pipelines.jobs import GraphJob
+    from pipelines.options import job_from
+
+    run = RunPaths(args.out)
+    if args.prompt is not None or args.prompts is not None or not args.serve:
+        job = job_from(args, GraphJob)
+        prompts = read_prompts(args.prompt, args.prompts)
+        runtime = _runtime(args)
+        inputs = ModelInputs(Path(args.model or run.lm), runtime.device)
+        with runtime.torch_threads():
+            graphs = make_graphs(run, inputs, job, prompts, args.layer)
+        for pg in graphs:
+            print("\n".join(summary(pg)))
+        print(f"graphs in {run.graphs}; tables graph_nodes, graph_edges, graph_and_edges in {run.tables}")
     if args.serve:
-        serve(run.explorer, args.host, args.port)
+        server = graph_server(run.graphs, args.port)
+        print(f"circuit-tracer's viewer: http://127.0.0.1:{args.port}/index.html (Ctrl-C stops it)")
+        try:
+            server.serve_forever()
+        finally:
+            server.server_close()
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -289,9 +330,10 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from circuits.sites import SITES
     from pipelines.data.stories import StoryConfig
     from pipelines.data.tokenizer import TokenizerConfig
-    from pipelines.jobs import CircuitsJob, FeaturesJob, SAEJob, SAEChoice, VerdictsJob
+    from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, SAEJob, SAEChoice, VerdictsJob
     from pipelines.lm.model import PRESETS, ModelConfig
     from pipelines.lm.training import LMTrainConfig
     from pipelines.options import add_job
@@ -338,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "says (default), or state it for a config without that field")
     p.set_defaults(func=cmd_convert)
 
-    p = sub.add_parser("train-saes", help="train TopK SAEs on resid_mid, mlp_in and/or mlp_out",
+    p = sub.add_parser("train-saes", help="train TopK SAEs on any of the sites " + ", ".join(SITES),
                        description="Train one TopK SAE per chosen layer and site into OUT/saes/layer{l}_{site}/ "
                                    "(sae-lens's format) from one stream of activations, and write "
                                    "OUT/tables/sae_metrics/. Reuses an SAE only for the same model, corpus and "
@@ -391,8 +433,27 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, device=False, threads=False)
     p.add_argument("--serve", action="store_true", help="serve the site over HTTP after writing it")
     p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: %(default)s)")
-    p.add_argument("--port", type=int, default=8000, help="port to serve on (default: %(default)s)")
-    p.set_defaults(func=cmd_explore)
+    p.add_argument("--port", type=_port, default=8000, help="port to serve on, 0 for any free one (default: "
+                                                            "%(default)s)")
+    p.set_defaults(func=cmd_explore, creates_run=False)
+
+    p = sub.add_parser("graph", help="exact attribution graphs of prompts, for circuit-tracer's viewer",
+                       description="With attention patterns and norm scales frozen, split every active SAE latent's "
+                                   "pre-activation and the target logits exactly over their sources (the bilinear MLP's "
+                                   "quadratic form partitioned over its input's parts, with AND hyperedges), prune by "
+                                   "influence as circuit-tracer does, and write OUT/graphs/<slug>.json in circuit-tracer's "
+                                   "format, graph-metadata.json, and the tables graph_nodes, graph_edges, graph_and_edges.")
+    _common(p)
+    p.add_argument("--model", type=Path, default=None, help="model folder in our format (default: OUT/lm)")
+    p.add_argument("--prompt", default=None, help="the text to attribute (after BOS)")
+    p.add_argument("--prompts", type=Path, default=None, help="a text file of prompts, one per line")
+    p.add_argument("--layer", type=int, default=None, help="the layer of --sae-in and --sae-out (other layers' MLPs "
+                                                            "are then error nodes)")
+    p.add_argument("--serve", action="store_true", help="serve OUT/graphs in circuit-tracer's viewer on 127.0.0.1 "
+                                                         "(after building any prompts given)")
+    p.add_argument("--port", type=int, default=8032, help="port of --serve (default: %(default)s)")
+    add_job(p, GraphJob)
+    p.set_defaults(func=cmd_graph)
 
     p = sub.add_parser("demo", help="run every stage on the built-in corpus",
                        description="Corpus, tokenizer, LM, SAEs, circuits, features, verdicts, report and explorer "
@@ -429,8 +490,10 @@ def _run(args: argparse.Namespace) -> int:
         if args.command == "convert":
             args.func(args)
         else:
-            with run_lock(args.out, args.command):
-                args.func(args)
+            with run_lock(args.out, args.command, create=getattr(args, "creates_run", True)):
+                after = args.func(args)
+            if after is not None:  # what a command does once the run is free again
+                after()
     except KeyboardInterrupt:
         print("\ninterrupted: finished work and the last checkpoint are kept; run the same command again to "
               "continue", file=sys.stderr)

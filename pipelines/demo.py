@@ -10,9 +10,9 @@ import pandas as pd
 
 from circuits.config import Config, option
 from circuits.layer import CircuitConfig
+from circuits.sites import DEFAULT_SAE_SITES
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
-from pipelines.data.corpus import LEXICON_FILE
 from pipelines.data.stories import StoryConfig
 from pipelines.engine.files import write_json
 from pipelines.engine.paths import RunPaths
@@ -27,9 +27,6 @@ from pipelines.stages import (ensure_circuits, ensure_corpus, ensure_features, e
                               ensure_verdicts)
 from sae.config import SAETrainConfig
 
-SITES = ("resid_mid", "mlp_out")
-
-
 @dataclass(frozen=True)
 class DemoConfig(Config):
     """Every setting of the demo, written to `<run>/demo_config.json`."""
@@ -40,9 +37,9 @@ class DemoConfig(Config):
     # k 16 rather than the paper's share (8 of 512): with k 8 the input SAEs merge "not" with
     # the context's valence into conjunction features, hiding the AND the MLP computes.
     saes: SAEJob = option(doc="the SAEs", factory=lambda: SAEJob(
-        sites=SITES, sae=SAETrainConfig(k=16, train_tokens=1_000_000)))
+        sites=DEFAULT_SAE_SITES, sae=SAETrainConfig(k=16, train_tokens=1_000_000)))
     circuits: CircuitsJob = option(doc="circuit tables", factory=CircuitsJob)
-    features: FeaturesJob = option(doc="feature descriptions", factory=lambda: FeaturesJob(sites=SITES))
+    features: FeaturesJob = option(doc="feature descriptions", factory=lambda: FeaturesJob(sites=DEFAULT_SAE_SITES))
     verdicts: VerdictsJob = option(doc="group gates, ablations and verdicts", factory=VerdictsJob)
     report: ReportConfig = option(doc="the HTML report", factory=ReportConfig)
     n_candidates: int = option(8, "best circuit candidates per layer printed, pairs and groups each (at most the "
@@ -61,10 +58,10 @@ class DemoConfig(Config):
             stories=StoryConfig(n_stories=2000),
             lm=LMJob(model=PRESETS["tiny"],
                      train=LMTrainConfig(train_tokens=60_000, batch_size=16, eval_every=20, checkpoint_every=50)),
-            saes=SAEJob(sites=SITES, sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192,
+            saes=SAEJob(sites=DEFAULT_SAE_SITES, sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192,
                                                         eval_rows=8)),
             circuits=CircuitsJob(corr_rows=64, circuits=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5)),
-            features=FeaturesJob(sites=SITES, features=FeatureConfig(n_rows=64)),
+            features=FeaturesJob(sites=DEFAULT_SAE_SITES, features=FeatureConfig(n_rows=64)),
             verdicts=VerdictsJob(verdicts=VerdictConfig(rows=64, n_ablate=2, min_cell=5)),
             n_candidates=2,
         )
@@ -85,9 +82,9 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     """Run every stage into `run`, keeping those already done, and print the circuits found."""
     start = time.perf_counter()
     run.root.mkdir(parents=True, exist_ok=True)
-    write_json(run.root / "demo_config.json", cfg.to_json())
+    write_json(run.demo_config, cfg.to_json())
     corpus = ensure_corpus(run, cfg.stories)
-    lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(corpus / LEXICON_FILE)))
+    lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(run.lexicon)))
     summary = ensure_lm(run, source=str(corpus), job=lm_job, runtime=runtime)
     print(f"LM: held-out loss {summary['held_out_loss']:.3f} nats ({summary['bits_per_byte']:.3f} bits per byte; "
           f"unigram entropy {summary['unigram_entropy']:.3f}); valence after a negation right "

@@ -17,17 +17,17 @@ from tokenizers import Tokenizer
 from transformer_lens import HookedTransformer
 
 from circuits.layer import LayerBatch
-from circuits.sae_basis import INPUT_SITES, token_scale
+from circuits.sae_basis import token_scale
 from pipelines.data.tokenizer import load_tokenizer
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokens import TokenRows, TokenStore, open_token_store
 from pipelines.engine.files import digest, read_json
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import ModelPaths, RunPaths
 from pipelines.engine.tables import provenance, table_path
 from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
 from sae.activations import iter_activations
 from sae.io import LoadedSAE, check_sae_point, load_sae
-from sae.sites import Point
+from circuits.sites import INPUT_SITES, MLP_IN, OUTPUT_SITE, Point
 
 SAEPaths = tuple[Path, Path | None]  # explicit (input, output) SAE folders of one layer
 
@@ -60,7 +60,7 @@ class ModelInputs:
     @cached_property
     def token_counts(self) -> np.ndarray | None:
         """How often each token occurred in training (None for a foreign model)."""
-        path = self.folder / "token_counts.npy"
+        path = ModelPaths(self.folder).token_counts
         return np.load(path) if path.is_file() else None
 
     @cached_property
@@ -109,7 +109,7 @@ class LayerSAEs:
 def layer_saes(run: RunPaths, inputs: ModelInputs, layer: int, explicit: SAEPaths | None, input_site: str,
                need_output: bool, allow_hookless: bool = False) -> LayerSAEs:
     """Load and check a layer's SAEs: explicit paths, or the run's own for `input_site`."""
-    path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, "mlp_out"))
+    path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, OUTPUT_SITE))
     d_model = inputs.config.d_model
     sae_in = load_sae(path_in, inputs.device)
     sites = INPUT_SITES if explicit else (input_site,)
@@ -121,7 +121,7 @@ def layer_saes(run: RunPaths, inputs: ModelInputs, layer: int, explicit: SAEPath
         if path_out is None:
             raise ValueError(f"layer {layer}: outputs 'sae' need an output SAE (--sae-out)")
         sae_out = load_sae(path_out, inputs.device)
-        check_sae_point(sae_out, d_model, layer, ("mlp_out",), "output", allow_hookless)
+        check_sae_point(sae_out, d_model, layer, (OUTPUT_SITE,), "output", allow_hookless)
     return LayerSAEs(layer, sae_in, site, sae_out)
 
 
@@ -136,14 +136,14 @@ def feature_saes(run: RunPaths, inputs: ModelInputs, layer: int, sites: tuple[st
         found[(layer, check_sae_point(sae_in, d_model, layer, INPUT_SITES, "input", allow_hookless))] = sae_in
         if path_out is not None:
             sae_out = load_sae(path_out, inputs.device)
-            check_sae_point(sae_out, d_model, layer, ("mlp_out",), "output", allow_hookless)
-            found[(layer, "mlp_out")] = sae_out
+            check_sae_point(sae_out, d_model, layer, (OUTPUT_SITE,), "output", allow_hookless)
+            found[(layer, OUTPUT_SITE)] = sae_out
         return found
     for site in sites:
         folder = run.sae(layer, site)
         if folder.is_dir():
             sae = load_sae(folder, inputs.device)
-            check_sae_point(sae, d_model, layer, (site,), "input" if site != "mlp_out" else "output")
+            check_sae_point(sae, d_model, layer, (site,), "output" if site == OUTPUT_SITE else "input")
             found[(layer, site)] = sae
     if not found:
         raise FileNotFoundError(f"no SAEs of layer {layer} in {run.saes} for sites {', '.join(sites)}: "
@@ -154,16 +154,16 @@ def feature_saes(run: RunPaths, inputs: ModelInputs, layer: int, sites: tuple[st
 def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: LayerSAEs, batch_rows: int = 32):
     """A callable giving a fresh pass of `LayerBatch`es over the first `n_rows` rows."""
     layer, site = saes.layer, saes.input_site
-    points = sorted({(layer, "mlp_in"), (layer, "mlp_out"), (layer, site)})
+    points = sorted({(layer, MLP_IN), (layer, OUTPUT_SITE), (layer, site)})
     eps = float(model.cfg.eps)
 
     def batches():
         for _, tokens in rows.iter_batches(batch_rows, n_rows):
             for acts in iter_activations(model, tokens, points, rows.keep(tokens), batch_rows):
                 source = acts[(layer, site)]
-                yield LayerBatch(x=acts[(layer, "mlp_in")], z=saes.sae_in.weights.encode(source),
+                yield LayerBatch(x=acts[(layer, MLP_IN)], z=saes.sae_in.weights.encode(source),
                                  scale=token_scale(source, eps, site),
-                                 acts=saes.sae_out.weights.encode(acts[(layer, "mlp_out")]))
+                                 acts=saes.sae_out.weights.encode(acts[(layer, OUTPUT_SITE)]))
 
     return batches
 
@@ -184,7 +184,6 @@ def check_tables_match(run: RunPaths, layer: int, part: str, sae_in: Path, sae_o
 
 
 RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run
-CORPUS_FILE = "corpus.json"  # in lm/: the corpus the model was trained on, for later stages' defaults
 
 
 def portable(source: str, lm: Path) -> str:
@@ -206,7 +205,7 @@ def _resolved(recorded: str, model_dir: Path) -> str:
 
 def trained_corpus(model_dir: Path) -> tuple[str, CorpusConfig] | None:
     """The corpus a model of this run was trained on, with its settings, if recorded."""
-    data = read_json(Path(model_dir) / CORPUS_FILE)
+    data = read_json(ModelPaths(model_dir).trained_corpus)
     if data is None:
         return None
     cfg = CorpusConfig.from_json(data["config"])

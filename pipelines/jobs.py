@@ -12,16 +12,17 @@ from pathlib import Path
 
 from circuits.config import Config, option
 from circuits.layer import CircuitConfig
-from circuits.sae_basis import INPUT_SITES, OUTPUT_BASES
+from circuits.sae_basis import OUTPUT_BASES
+from circuits.sites import DEFAULT_INPUT_SITE, DEFAULT_SAE_SITES, INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokenizer import TokenizerConfig
+from pipelines.graph.build import GraphConfig
 from pipelines.inputs import SAEPaths
 from pipelines.lm.model import ModelConfig
 from pipelines.lm.training import LMTrainConfig
 from sae.config import SAETrainConfig
-from sae.sites import SITES
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class LMJob(Config):
 class SAEJob(Config):
     """What `train-saes` trains: one SAE per chosen layer and site, all with one recipe."""
 
-    sites: tuple[str, ...] = option(("resid_mid", "mlp_out"), "sites to train SAEs on: resid_mid, mlp_in, mlp_out")
+    sites: tuple[str, ...] = option(DEFAULT_SAE_SITES, f"sites to train SAEs on: {', '.join(SITES)}")
     sae: SAETrainConfig = option(doc="each SAE's recipe", factory=SAETrainConfig)
 
     def check(self) -> None:
@@ -49,9 +50,9 @@ class SAEJob(Config):
 class SAEChoice(Config):
     """Which SAEs an analysis reads: the run's own, or folders named for a single layer."""
 
-    sae_in: str | None = option(None, "input-side SAE folder (sae-lens's or the paper authors' format, on resid_mid "
-                                      "or mlp_in), with a single --layer", runtime=True)
-    sae_out: str | None = option(None, "output-side (mlp_out) SAE folder, with a single --layer", runtime=True)
+    sae_in: str | None = option(None, "input-side SAE folder (sae-lens's or the paper authors' format, on "
+                                      f"{' or '.join(INPUT_SITES)}), with a single --layer", runtime=True)
+    sae_out: str | None = option(None, f"output-side ({OUTPUT_SITE}) SAE folder, with a single --layer", runtime=True)
     allow_hookless_saes: bool = option(False, "accept SAEs that record no hook, taking them to read the given layer "
                                               "and site", runtime=True)
 
@@ -68,7 +69,7 @@ class SAEChoice(Config):
 class CircuitsJob(SAEChoice):
     """What `circuits` computes for each layer."""
 
-    input_site: str = option("resid_mid", "which of the run's input SAEs to use", choices=INPUT_SITES)
+    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs to use", choices=INPUT_SITES)
     outputs: tuple[str, ...] = option(("sae",), "output directions: sae (the output SAE's features), hosvd, "
                                                 "logit:GOOD-BAD or logit:WORD (unembedding directions), file:PATH "
                                                 "(.npy/.safetensors)")
@@ -82,8 +83,7 @@ class CircuitsJob(SAEChoice):
 class FeaturesJob(SAEChoice):
     """What `features` describes."""
 
-    sites: tuple[str, ...] = option(("resid_mid", "mlp_in", "mlp_out"), "the run's SAE sites to describe, where "
-                                                                        "they exist")
+    sites: tuple[str, ...] = option(SITES, "the run's SAE sites to describe, where they exist")
     features: FeatureConfig = option(doc="feature descriptions", factory=FeatureConfig)
 
     def check(self) -> None:
@@ -94,8 +94,15 @@ class FeaturesJob(SAEChoice):
 class VerdictsJob(SAEChoice):
     """What `verdicts` checks for each layer."""
 
-    input_site: str = option("resid_mid", "which of the run's input SAEs the circuit tables read", choices=INPUT_SITES)
+    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs the circuit tables read", choices=INPUT_SITES)
     verdicts: VerdictConfig = option(doc="ranking, groups, ablations and verdicts", factory=VerdictConfig)
+
+
+@dataclass(frozen=True)
+class GraphJob(SAEChoice):
+    """What `graph` builds: attribution graphs from the run's SAEs or those of one --layer."""
+
+    graph: GraphConfig = option(doc="attribution graphs", factory=GraphConfig)
 
 
 def _check_sites(sites: tuple[str, ...], known: tuple[str, ...]) -> None:

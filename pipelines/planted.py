@@ -33,7 +33,8 @@ import pandas as pd
 import torch
 from tokenizers import Tokenizer, models
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
+from circuits.sites import MLP_OUT, RESID_MID
 from circuits.weights import SAEWeights
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
@@ -52,7 +53,7 @@ class PlantedConfig(Config):
     rows: int = option(512, "rows of tokens", low=8)
     distractor_outputs: int = option(6, "outputs that square a single distractor input", low=0)
     p_distractor: float = option(0.05, "chance a distractor input is active on a token", low=0.0, high=1.0)
-    seed: int = option(0, "seeds the dictionary, the codes and the tokens")
+    seed: int = seed_option("seeds the dictionary, the codes and the tokens")
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,8 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
                         b_dec=torch.zeros(d), k=max_active)
     sae_out = SAEWeights(W_enc=U.T.float().contiguous(), b_enc=torch.full((n_out,), -0.05), W_dec=U.float(),
                          b_dec=torch.zeros(d))
-    saes = LayerSAEs(0, LoadedSAE(sae_in, None, "planted", (0, "resid_mid")), "resid_mid",
-                     LoadedSAE(sae_out, None, "planted", (0, "mlp_out")))
+    saes = LayerSAEs(0, LoadedSAE(sae_in, None, "planted", (0, RESID_MID)), RESID_MID,
+                     LoadedSAE(sae_out, None, "planted", (0, MLP_OUT)))
     tokens = _tokens(cfg, gates, rng)
     labels = _labels(tokens, codes, gates)
     tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(cfg.vocab)}, unk_token="t0"))
@@ -249,9 +250,9 @@ def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
     sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
     tables = analyse_layer(from_hooked_transformer(model, 0), sae_in, Outputs("sae", sae_out.W_enc.T, sae=sae_out),
                            layer_batches(model, rows, len(rows), saes), circuits, layer=0)
-    described, labels = feature_tables(model, world.tokenizer, rows, {(0, "resid_mid"): sae_in, (0, "mlp_out"): sae_out},
+    described, labels = feature_tables(model, world.tokenizer, rows, {(0, RESID_MID): sae_in, (0, MLP_OUT): sae_out},
                                        features, world.classes, {}, None)
-    facts = InputFacts.of(described, labels, 0, "resid_mid", verdicts)
+    facts = InputFacts.of(described, labels, 0, RESID_MID, verdicts)
     judged = judge_layer(model, saes, rows, {name: tables[name] for name in CIRCUIT_READS}, facts=facts,
                          negation=False, boosted={}, cfg=verdicts)
     return {**tables, **judged, "features": described}

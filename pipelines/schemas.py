@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
+from circuits.sites import DEFAULT_INPUT_SITE
 from pipelines.engine.tables import read_table, write_table
 
 INT, FLOAT, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
@@ -304,6 +305,33 @@ TABLES: dict[str, Table] = {t.name: t for t in (
             "class's words (null without such labels)"),
         col("out_description, a_description, b_description", STR, "the features' descriptions"),
     )),
+    Table("graph_nodes", "graph", "a node of a prompt's attribution graph (all nodes, pruned or not)", circuit=False,
+          keys=("prompt", "node_id"), sort=("prompt", "viewer_row", "pos", "node_id"), categories=("kind", "site"),
+          columns=(
+        col("prompt, node_id", STR, "the prompt's slug (its JSON file in graphs/); the node's id there"),
+        col("kind", STR, "`token`, `input` (input SAE latent), `output` (mlp_out SAE latent), `input_error`, "
+            "`output_error` (a layer without SAEs: its whole MLP output), `logit`"),
+        col("layer, viewer_row, pos, feature", INT, "model layer (-1 tokens, n_layers logits); the viewer's row (2 layer "
+            "for inputs, 2 layer + 1 for outputs); position; SAE latent (-1 for others)"),
+        col("site, token", STR, "`embed`, the input SAE's site, `mlp_out` or `logits`; the token at pos (a logit's target)"),
+        col("value, constant, incoming", FLOAT, "pre-activation (features) or demeaned logit; the constant term; the "
+            "sum of incoming edges (value = incoming + constant for every target)"),
+        col("influence, kept", (FLOAT, BOOL), "circuit-tracer's cumulative influence share; kept by pruning"),
+        col("description", STR, "the viewer's label (clerp), from the features table"),
+    )),
+    Table("graph_edges", "graph", "an edge pruning kept: the exact direct effect of source on target", circuit=False,
+          keys=("prompt", "source", "target"), sort=("prompt", "target", "source"), columns=(
+        col("prompt, source, target", STR, "the prompt's slug; node ids (graph_nodes)"),
+        col("weight", FLOAT, "what the source adds to the target's value (circuit-tracer's edge weight)"),
+    )),
+    Table("graph_and_edges", "graph", "an AND hyperedge: the cross term of two MLP-input parts in an output "
+          "feature's quadratic form", circuit=False, keys=("prompt", "target", "rank"), sort=("prompt", "target", "rank"),
+          columns=(
+        col("prompt, target, source_a, source_b", STR, "the prompt's slug; the output feature; the two parts (input "
+            "latents or input errors of its layer and position)"),
+        col("weight", FLOAT, "`2 x_a^T Q x_b`: what the two add together beyond each alone (their four-point synergy)"),
+        col("rank", INT, "rank within the target, 1 = largest |weight|"),
+    )),
 )}
 
 
@@ -333,7 +361,7 @@ def read(root: str | Path, name: str, layers: list[int] | None = None) -> pd.Dat
         return None
 
 
-def select(frame: pd.DataFrame | None, input_site: str | None = "resid_mid", outputs: str | None = "sae"):
+def select(frame: pd.DataFrame | None, input_site: str | None = DEFAULT_INPUT_SITE, outputs: str | None = "sae"):
     """The rows of a circuit table for one input site and output set (a run may hold several;
     None keeps every one). Tables without those columns are returned as they are."""
     if frame is None:

@@ -29,32 +29,29 @@ from pipelines.analysis.outputs import parse_outputs
 from pipelines.analysis.verdicts import InputFacts, has_negation_labels
 from pipelines.data.corpus import CorpusConfig, corpus_digest, iter_documents, write_story_corpus
 from pipelines.data.stories import StoryConfig
-from pipelines.data.tokenizer import TOKENIZER_FILE, load_tokenizer, train_tokenizer
+from pipelines.data.tokenizer import load_tokenizer, train_tokenizer
 from pipelines.data.tokens import (TokenRows, TokenStore, bits_per_byte, build_token_store, held_out_mask,
                                    open_token_store, unigram_entropy)
 from pipelines.engine import stamps
 from pipelines.engine.files import atomic_dir, atomic_file, clean_temporaries, digest, read_json, remove, text_digest
 from pipelines.engine.files import write_json
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import RunPaths, stamp_of
 from pipelines.engine.stamps import Stamp
 from pipelines.engine.tables import has_table, table_path
 from pipelines.engine.tasks import Task, run_tasks
-from pipelines.inputs import (CORPUS_FILE, LayerSAEs, StageInputs, feature_saes, layer_batches, layer_saes,
+from pipelines.inputs import (LayerSAEs, StageInputs, feature_saes, layer_batches, layer_saes,
                               portable)
 from pipelines.jobs import CircuitsJob, FeaturesJob, LMJob, SAEJob, VerdictsJob
 from pipelines.lm.behaviour import lexicon_accuracy
-from pipelines.lm.training import STATE_FILE, held_out_loss, train_lm
+from pipelines.lm.training import held_out_loss, train_lm
 from pipelines.runtime import Runtime
 from sae.config import SAETrainConfig
 from sae.io import read_metrics, write_sae_extras
 from sae.metrics import evaluate_sae
-from sae.sites import SITES, Point, hook_name, point_name
+from circuits.sites import OUTPUT_SITE, SITES, Point, hook_name, point_name
 from sae.topk import save_sae_lens
 from sae.train import inference_weights, train_saes
 
-STAMP = ".stamp.json"  # hidden: a folder's content digest leaves it out
-WORK_STAMP = ".work.json"  # stamp of an unfinished training run in the same folder
-SUMMARY_FILE = "summary.json"  # in lm/: held-out loss, bits per byte, behaviour
 # written into the stamps of the stages: outputs of an older format are recomputed (4: every
 # SAE seeded by its point, not its place in the list; gate ablations by the verdicts stage)
 TABLE_FORMAT = 4
@@ -71,10 +68,10 @@ class ModelReplacementError(ValueError):
 def ensure_corpus(run: RunPaths, cfg: StoryConfig) -> Path:
     """The built-in story corpus of the run, generated unless it exists for `cfg`."""
     stamp = Stamp("corpus", {}, cfg.recipe())
-    if stamps.is_current(run.corpus / STAMP, stamp):
+    if stamps.is_current(stamp_of(run.corpus), stamp):
         return run.corpus
     write_story_corpus(cfg, run.corpus)
-    stamps.finish(run.corpus / STAMP, stamp)
+    stamps.finish(stamp_of(run.corpus), stamp)
     return run.corpus
 
 
@@ -85,11 +82,11 @@ def ensure_tokens(run: RunPaths, source: str, tok: Tokenizer, n_ctx: int, cfg: C
         inputs["lexicon"] = digest(cfg.lexicon)
     # the lexicon counts by its content (an input above), not by where its file lies
     stamp = Stamp("tokens", inputs, {"n_ctx": n_ctx, **cfg.recipe(), "lexicon": bool(cfg.lexicon)})
-    folder = run.tokens / text_digest(stamp.to_json())[:16]
-    if stamps.is_current(folder / STAMP, stamp):
+    folder = run.token_store(text_digest(stamp.to_json())[:16])
+    if stamps.is_current(stamp_of(folder), stamp):
         return open_token_store(folder)
     store = build_token_store(source, tok, n_ctx, cfg, folder, corpus_name=source)
-    stamps.finish(folder / STAMP, stamp)
+    stamps.finish(stamp_of(folder), stamp)
     return store
 
 
@@ -119,40 +116,40 @@ def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force
     stamp = Stamp("train-lm", {"corpus": corpus_digest(source)},
                   {"model": job.model.recipe(), "tokenizer": job.tokenizer.recipe(), "train": job.train.recipe(),
                    "split": split})
-    lm = run.lm
-    if stamps.is_current(lm / STAMP, stamp) and (lm / SUMMARY_FILE).is_file():
-        return read_json(lm / SUMMARY_FILE)
-    finished = (lm / STAMP).is_file() or (lm / "model.safetensors").is_file() and not (lm / STATE_FILE).exists()
+    lm, files = run.lm, run.model
+    if stamps.is_current(files.stamp, stamp) and files.summary.is_file():
+        return read_json(files.summary)
+    finished = files.stamp.is_file() or (files.weights.is_file() and not files.train_state.exists())
     if finished and not force:
-        changed = stamps.changes(lm / STAMP, stamp) or ["it was not trained by this run (converted or copied)"]
+        changed = stamps.changes(files.stamp, stamp) or ["it was not trained by this run (converted or copied)"]
         raise ModelReplacementError(
             f"{lm} holds a trained model of other inputs ({', '.join(changed)}); every later stage depends on it, "
             "so it is not replaced silently: pass --force to retrain it, or use another --out")
-    if finished or not stamps.is_current(lm / WORK_STAMP, stamp):
+    if finished or not stamps.is_current(files.work_stamp, stamp):
         if lm.exists():
-            if (lm / STATE_FILE).exists() and not finished:
+            if files.train_state.exists() and not finished:
                 print(f"discarding the unfinished training in {lm}: it was for other inputs")
             remove(lm)
     lm.mkdir(parents=True, exist_ok=True)
-    stamps.finish(lm / WORK_STAMP, stamp)
+    stamps.finish(files.work_stamp, stamp)
     with runtime.torch_threads():
-        if (lm / TOKENIZER_FILE).is_file():
+        if files.tokenizer.is_file():
             tok = load_tokenizer(lm)
         else:
             tok = train_tokenizer(_tokenizer_texts(source, job.corpus, job.tokenizer.train_docs), job.tokenizer)
-            tok.save(str(lm / TOKENIZER_FILE))
+            tok.save(str(files.tokenizer))
         store = ensure_tokens(run, source, tok, job.model.n_ctx, job.corpus)
         model_cfg = job.model.replace(d_vocab=tok.get_vocab_size())
         model, log = train_lm(model_cfg, store.train, store.held_out, job.train, lm, runtime.device)
         summary = _summarise_lm(model, store, log, job)
-    write_json(lm / "train_config.json", job.train.to_json())
-    write_json(lm / SUMMARY_FILE, summary)
-    np.save(lm / "token_counts.npy", store.token_counts())
+    write_json(files.train_config, job.train.to_json())
+    write_json(files.summary, summary)
+    np.save(files.token_counts, store.token_counts())
     corpus = job.corpus.replace(lexicon=portable(job.corpus.lexicon, lm)) if job.corpus.lexicon else job.corpus
-    write_json(lm / CORPUS_FILE, {"source": portable(source, lm), "config": corpus.to_json()})
-    (lm / STATE_FILE).unlink(missing_ok=True)
-    stamps.begin(lm / WORK_STAMP)
-    stamps.finish(lm / STAMP, stamp)
+    write_json(files.trained_corpus, {"source": portable(source, lm), "config": corpus.to_json()})
+    files.train_state.unlink(missing_ok=True)
+    stamps.begin(files.work_stamp)
+    stamps.finish(files.stamp, stamp)
     return summary
 
 
@@ -207,21 +204,20 @@ def ensure_saes(work: StageInputs, *, job: SAEJob, layers: list[int], runtime: R
     for point in points:
         stamp = _sae_stamp(work, cfg, point)
         folder = run.sae(*point)
-        if stamps.is_current(folder / STAMP, stamp):
+        if stamps.is_current(stamp_of(folder), stamp):
             continue
-        changed = stamps.changes(folder / STAMP, stamp)
+        changed = stamps.changes(stamp_of(folder), stamp)
         if changed:
             print(f"retraining {point_name(point)}: its {', '.join(changed)} changed")
         todo.append(point)
     n_groups = min(len(todo), runtime.workers if runtime.ray else 1)
     groups = [todo[i::n_groups] for i in range(n_groups)] if todo else []
     current = {_checkpoint_name(work, cfg, group) for group in groups}
-    for stale in run.saes.glob("checkpoint-*.pt") if run.saes.is_dir() else []:  # of another grouping or recipe
-        name = stale.stem.removeprefix("checkpoint-")
+    for name, stale in run.sae_checkpoints().items():  # of another grouping or recipe
         if name not in current:
             print(f"discarding {stale.name}: it resumes SAEs grouped or trained otherwise than now")
             stale.unlink()
-            (run.saes / f".checkpoint-{name}.json").unlink(missing_ok=True)
+            run.sae_checkpoint_stamp(name).unlink(missing_ok=True)
     tasks = [Task("SAEs " + ", ".join(point_name(p) for p in group), (cfg, group), _gpus(runtime)) for group in groups]
     run_tasks(runtime, _train_points, work, tasks, "train-saes")
     for layer in sorted({p[0] for p in points}):
@@ -254,7 +250,7 @@ def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point]]) -
     run, device = work.run, work.lm.device
     job = _group_stamp(work, cfg, todo)
     name = _checkpoint_name(work, cfg, todo)
-    checkpoint, marker = run.saes / f"checkpoint-{name}.pt", run.saes / f".checkpoint-{name}.json"
+    checkpoint, marker = run.sae_checkpoint(name), run.sae_checkpoint_stamp(name)
     resume = None
     if stamps.is_current(marker, job) and checkpoint.is_file():
         resume = torch.load(checkpoint, weights_only=False, map_location=device)
@@ -283,14 +279,14 @@ def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point]]) -
             save_sae_lens(trainer.sae, tmp, {"hook_name": hook_name(layer, site), "model_name": "bilinear-lm",
                                              "context_size": work.lm.config.n_ctx, "prepend_bos": True})
             write_sae_extras(tmp, cfg.to_json(), row, trainer.log_feature_sparsity)
-            stamps.finish(tmp / STAMP, _sae_stamp(work, cfg, point))
+            stamps.finish(stamp_of(tmp), _sae_stamp(work, cfg, point))
     checkpoint.unlink(missing_ok=True)
     stamps.begin(marker)
 
 
 def _write_metrics_table(run: RunPaths, layer: int) -> None:
     """The layer's metrics table from every finished SAE of the layer."""
-    rows = [read_metrics(run.sae(layer, s)) for s in SITES if (run.sae(layer, s) / STAMP).is_file()]
+    rows = [read_metrics(run.sae(layer, s)) for s in SITES if stamp_of(run.sae(layer, s)).is_file()]
     if rows:
         schemas.write(pd.DataFrame(rows), run.tables, "sae_metrics", layer=layer)
 
@@ -322,7 +318,7 @@ def _circuits_stamp(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: 
 def _circuits_current(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: str) -> bool:
     part = _part_name(saes.input_site, spec, job.output_basis)
     names = [t.name for t in schemas.TABLES.values() if t.stage == "circuits" and t.outputs in ("any", spec)]
-    return (stamps.is_current(work.run.stamp("circuits", saes.layer, part), _circuits_stamp(work, job, saes, spec))
+    return (stamps.is_current(work.run.table_stamp("circuits", saes.layer, part), _circuits_stamp(work, job, saes, spec))
             and all(has_table(work.run.tables, n, saes.layer, part) for n in names))
 
 
@@ -338,7 +334,7 @@ def _circuits_layer(work: StageInputs, unit: tuple[CircuitsJob, int, list[str], 
     for spec in specs:
         part = _part_name(saes.input_site, spec, job.output_basis)
         stamp = _circuits_stamp(work, job, saes, spec)
-        marker = work.run.stamp("circuits", layer, part)
+        marker = work.run.table_stamp("circuits", layer, part)
         stamps.begin(marker)
         out = parse_outputs([spec], job.output_basis, work.lm, mlp, saes, job.circuits)[0]
         batches = layer_batches(model, work.store.held_out, job.corr_rows, saes) if out.sae is not None else None
@@ -384,7 +380,7 @@ def ensure_features(work: StageInputs, *, job: FeaturesJob, layers: list[int], r
     for layer in layers:
         for point, sae in feature_saes(work.run, work.lm, layer, job.sites, explicit.get(layer),
                                        job.allow_hookless_saes).items():
-            if not (stamps.is_current(work.run.stamp("features", layer, point[1]), _features_stamp(work, job, sae.path))
+            if not (stamps.is_current(work.run.table_stamp("features", layer, point[1]), _features_stamp(work, job, sae.path))
                     and has_table(work.run.tables, "features", layer, point[1])):
                 todo.setdefault(layer, []).append(point[1])
     if runtime.ray is None and todo:  # one pass for every layer
@@ -409,7 +405,7 @@ def _features_of(work: StageInputs, unit: tuple[FeaturesJob, dict[int, list[str]
                              job.allow_hookless_saes)
         saes.update({p: s for p, s in found.items() if p[1] in sites})
     for (layer, site) in saes:
-        stamps.begin(work.run.stamp("features", layer, site))
+        stamps.begin(work.run.table_stamp("features", layer, site))
     features, labels = feature_tables(work.lm.model, work.lm.tokenizer, work.store.held_out,
                                       {p: s.weights for p, s in saes.items()}, job.features, work.store.classes,
                                       work.store.lexicon_tokens, work.lm.token_counts)
@@ -418,7 +414,7 @@ def _features_of(work: StageInputs, unit: tuple[FeaturesJob, dict[int, list[str]
         mine = lambda frame: frame[(frame["layer"] == layer) & (frame["site"] == site)]  # noqa: E731
         schemas.write(mine(features), work.run.tables, "features", layer, part=site, provenance=stamp.to_json())
         schemas.write(mine(labels), work.run.tables, "feature_labels", layer, part=site, provenance=stamp.to_json())
-        stamps.finish(work.run.stamp("features", layer, site), stamp)
+        stamps.finish(work.run.table_stamp("features", layer, site), stamp)
     work.report(job.features.n_rows * work.store.held_out.n_ctx)
 
 
@@ -435,7 +431,7 @@ def ensure_verdicts(work: StageInputs, *, job: VerdictsJob, layers: list[int], r
     for layer in layers:
         saes = layer_saes(work.run, work.lm, layer, explicit.get(layer), job.input_site, True, job.allow_hookless_saes)
         part = f"{saes.input_site}-{SAE_PART}"
-        marker = work.run.stamp("verdicts", layer, part)
+        marker = work.run.table_stamp("verdicts", layer, part)
         if not (stamps.is_current(marker, _verdicts_stamp(work, job, saes))
                 and all(has_table(work.run.tables, n, layer, part) for n in VERDICT_TABLES)):
             todo.append(Task(f"layer {layer}", (job, layer), _gpus(runtime)))
@@ -460,7 +456,7 @@ def _read_digests(run: RunPaths, saes: LayerSAEs) -> dict[str, str]:
                                     f"encoder rows, for input site {saes.input_site}, in {run.tables}: run `circuits` "
                                     "first (with --outputs sae and --output-basis encoder)")
         found[name] = digest(path)
-    for site in (saes.input_site, "mlp_out"):
+    for site in (saes.input_site, OUTPUT_SITE):
         for name in ("features", "feature_labels"):
             path = table_path(run.tables, name, saes.layer, site)
             found[f"{name}:{site}"] = digest(path) if path.is_file() else "absent"
@@ -474,7 +470,7 @@ def _verdicts_layer(work: StageInputs, unit: tuple[VerdictsJob, int]) -> None:
     explicit = (job.explicit([layer]) or {}).get(layer)
     saes = layer_saes(run, work.lm, layer, explicit, job.input_site, True, job.allow_hookless_saes)
     part = f"{saes.input_site}-{SAE_PART}"
-    marker = run.stamp("verdicts", layer, part)
+    marker = run.table_stamp("verdicts", layer, part)
     stamp = _verdicts_stamp(work, job, saes)
     stamps.begin(marker)
     circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)

@@ -1,6 +1,5 @@
 """Activations and TopK SAEs: streaming, training, evaluation, loading.
 
-- `sae.sites`: (layer, site) points and their hooks (`resid_mid`, `mlp_in`, `mlp_out`);
 - `sae.activations`: one hooked model pass collects every point, BOS left out;
 - `sae.stream`: those activations in bounded shuffle buffers, batch by batch, resumable;
 - `sae.topk`: a TopK SAE whose training step touches only the active latents;
@@ -9,5 +8,5 @@
 - `sae.metrics`: NMSE, L0, dead fraction, loss added by splicing the SAE in;
 - `sae.io`: sae-lens's format (ours) and the paper authors' format, and fit checks.
 
-This package never imports `pipelines`.
+Sites, their points and hooks are `circuits.sites`. This package never imports `pipelines`.
 """

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from transformer_lens import HookedTransformer
 
-from sae.sites import Point, check_points, hook_name
+from circuits.sites import MLP_IN, Point, check_points, hook_name
 
 
 def autocast(kind: str, device: str):
@@ -89,7 +89,7 @@ def _recorder(model: HookedTransformer, point: Point, rows: torch.Tensor, found:
     layer, site = point
 
     def hook(act: torch.Tensor, hook) -> None:  # act: [batch, pos, d_model]
-        if site == "mlp_in":
+        if site == MLP_IN:
             act = mlp_input(model, layer, act)
         found[point] = act[rows]  # boolean indexing copies: [n_kept, d_model]
 

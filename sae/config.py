@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 
 PAPER_STEPS = 150_000_000 // 4096  # optimiser steps of one paper SAE
 
@@ -43,7 +43,7 @@ class SAETrainConfig(Config):
     dead_after_tokens: int = option(1_000_000, "a latent silent for this many tokens counts as dead for the aux-k loss", low=1)
     buffer_tokens: int = option(262_144, "shuffle buffer per (layer, site), in tokens: bounds memory", low=2)
     eval_rows: int = option(64, "held-out rows the metrics (NMSE, L0, dead, loss added) are measured on", low=1)
-    seed: int = option(0, "seeds the SAE initialisation and the order of the data")
+    seed: int = seed_option("seeds the SAE initialisation and the order of the data")
     checkpoint_every: int = option(100, "optimiser steps between resumable checkpoints (a kill loses at most this many)",
                                    low=1, runtime=True)
     model_batch_rows: int = option(32, "rows per model forward pass", low=1, runtime=True)

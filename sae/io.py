@@ -26,14 +26,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from circuits.weights import SAEWeights, check_finite, from_sae_lens
-from sae.sites import Point, hook_name, site_of_hook
+from circuits.sites import SITES, Point, hook_name, site_of_hook
 
 SAE_LENS_FILES = ("cfg.json", "sae_weights.safetensors")
-AUTHORS_FILES = ("config.json", "model.safetensors")
+AUTHORS_CONFIG, AUTHORS_WEIGHTS = AUTHORS_FILES = ("config.json", "model.safetensors")
+TRAIN_CONFIG_FILE = "train_config.json"  # ours, beside sae-lens's files
 METRICS_FILE = "metrics.json"
 SPARSITY_FILE = "sparsity.safetensors"
-AUTHORS_POINTS = {"resid-mid": "resid_mid", "resid_mid": "resid_mid", "mlp-in": "mlp_in", "mlp_in": "mlp_in",
-                  "mlp-out": "mlp_out", "mlp_out": "mlp_out"}
+AUTHORS_POINTS = {spelling: site for site in SITES for spelling in (site, site.replace("_", "-"))}
 
 
 @dataclass
@@ -88,19 +88,19 @@ def _load_sae_lens(path: Path, device: str) -> LoadedSAE:
 
 def _load_authors(path: Path, device: str) -> LoadedSAE:
     try:
-        config = json.loads((path / "config.json").read_text())
+        config = json.loads((path / AUTHORS_CONFIG).read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path / 'config.json'} is not JSON: {err}") from None
+        raise ValueError(f"{path / AUTHORS_CONFIG} is not JSON: {err}") from None
     missing = [key for key in ("point", "k") if key not in config]
     if missing:
-        raise ValueError(f"{path} has config.json and model.safetensors but no {missing} in its config: "
+        raise ValueError(f"{path} has {AUTHORS_CONFIG} and {AUTHORS_WEIGHTS} but no {missing} in its config: "
                          "not an SAE of the paper authors' format")
     if config.get("bilinear_encoder"):
         raise ValueError(f"{path}: SAEs with a bilinear encoder are not supported")
     for key, kind in (("k", int), ("encoder_bias", bool)):
         if key in config and not isinstance(config[key], kind):
             raise ValueError(f"{path}: config field {key} must be {kind.__name__}, got {config[key]!r}")
-    state = load_file(str(path / "model.safetensors"), device=device)
+    state = load_file(str(path / AUTHORS_WEIGHTS), device=device)
     check_finite(state, f"SAE {path}")
     try:
         w_enc, w_dec, b_dec = state["w_enc.weight"], state["w_dec.weight"], state["b_dec"]
@@ -159,7 +159,7 @@ def check_sae_point(sae: LoadedSAE, d_model: int, layer: int, sites: tuple[str, 
 def write_sae_extras(folder: str | Path, train_config: dict, metrics: dict, log_sparsity: torch.Tensor) -> None:
     """Our files beside sae-lens's: the training recipe, the metrics and firing frequencies."""
     folder = Path(folder)
-    (folder / "train_config.json").write_text(json.dumps(train_config, indent=2))
+    (folder / TRAIN_CONFIG_FILE).write_text(json.dumps(train_config, indent=2))
     (folder / METRICS_FILE).write_text(json.dumps(metrics, indent=2))
     save_file({"sparsity": log_sparsity.contiguous().cpu()}, str(folder / SPARSITY_FILE))
 

@@ -11,7 +11,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.weights import SAEWeights
 from sae.activations import check_tokens
-from sae.sites import SITES, hook_name
+from circuits.sites import MLP_IN, SITES, hook_name
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def evaluate_sae(
     hook = hook_name(layer, site)
     # TransformerLens fires ln2.hook_normalized before the gain: the SAE reads (and the splice
     # writes) what the MLP multiplies, so the gain is applied and divided out around it
-    gain = getattr(model.blocks[layer].ln2, "w", None) if site == "mlp_in" else None
+    gain = getattr(model.blocks[layer].ln2, "w", None) if site == MLP_IN else None
     check_tokens(tokens, model)
     keep = torch.ones_like(tokens, dtype=torch.bool) if keep is None else keep.bool()
     stats = _ReconstructionStats(sae.d_in, sae.d_sae)

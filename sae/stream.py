@@ -27,7 +27,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from sae.activations import autocast, iter_activations
-from sae.sites import Point
+from circuits.sites import Point
 
 
 class Rows(Protocol):

@@ -22,7 +22,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.weights import SAEWeights
 from sae.config import SAETrainConfig
-from sae.sites import SITES, Point, point_name
+from circuits.sites import SITES, Point, point_name
 from sae.stream import ActivationStream, Rows, StreamPosition
 from sae.topk import TopKSAE, TopKTrainer
 

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pipelines.lm.convert import convert_checkpoint
-from pipelines.data.tokenizer import TOKENIZER_FILE
+from pipelines.engine.paths import TOKENIZER
 from pipelines.lm.model import load_model
 
 N_LAYER, D_MODEL, N_HEAD, D_HIDDEN, VOCAB, N_CTX = 2, 32, 4, 64, 100, 32
@@ -73,7 +73,7 @@ def write_published(directory: Path, state: dict, config: dict, *, fmt: str = "s
     else:
         torch.save(state, directory / "pytorch_model.bin")
     if tokenizer:
-        write_tokenizer(directory / TOKENIZER_FILE)
+        write_tokenizer(directory / TOKENIZER)
     return directory
 
 
@@ -143,7 +143,7 @@ def test_converted_logits_match_reference(tmp_path, fmt):
     assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_mlp, cfg.d_vocab, cfg.n_ctx) == (
         N_LAYER, D_MODEL, N_HEAD, D_HIDDEN, VOCAB, N_CTX)
     assert cfg.eps == 1e-8
-    assert (tmp_path / "ours" / TOKENIZER_FILE).is_file()
+    assert (tmp_path / "ours" / TOKENIZER).is_file()
 
     model, loaded = load_model(tmp_path / "ours")
     assert loaded == cfg
@@ -182,7 +182,7 @@ def test_tokenizer_is_taken_from_argument_or_refused(tmp_path):
 
     write_tokenizer(tmp_path / "tok.json")
     convert_checkpoint(src, tmp_path / "o", tokenizer=tmp_path / "tok.json")
-    assert (tmp_path / "o" / TOKENIZER_FILE).read_bytes() == (tmp_path / "tok.json").read_bytes()
+    assert (tmp_path / "o" / TOKENIZER).read_bytes() == (tmp_path / "tok.json").read_bytes()
 
 
 def test_missing_parts_are_reported(tmp_path):
@@ -347,7 +347,7 @@ def test_sharded_safetensors_convert(tmp_path):
         save_file({k: state[k] for k in keys}, str(src / shard))
     weight_map = {k: shard for shard, keys in shards.items() for k in keys}
     (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    write_tokenizer(src / TOKENIZER_FILE)
+    write_tokenizer(src / TOKENIZER)
     convert_checkpoint(src, tmp_path / "o")
     torch.testing.assert_close(converted_logits(tmp_path / "o"), reference_logits(state, TOKENS), atol=1e-4, rtol=1e-4)
 

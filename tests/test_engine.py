@@ -18,7 +18,7 @@ import pipelines.engine.files as files
 from pipelines.engine import stamps
 from pipelines.engine.files import (atomic_dir, atomic_file, clean_temporaries, digest, read_json, remove,
                                     text_digest, write_json)
-from pipelines.engine.lock import LOCK_FILE, RunBusyError, run_lock
+from pipelines.engine.lock import RunBusyError, run_lock
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.stamps import Stamp
 from pipelines.engine.tables import has_table, provenance, read_table, table_path, write_table
@@ -233,7 +233,7 @@ def test_run_lock_refuses_a_second_process_and_names_it(tmp_path):
         holder.stdin.close()
         holder.wait(timeout=30)
     with run_lock(tmp_path, "circuits"):  # free once the holder is gone
-        info = json.loads((tmp_path / LOCK_FILE).read_text())
+        info = json.loads(RunPaths(tmp_path).lock.read_text())
         assert info["pid"] == os.getpid() and info["stage"] == "circuits"
         out, _ = python(TRY, str(tmp_path)).communicate(timeout=30)
         assert out.startswith("busy:") and f"process {os.getpid()}" in out
@@ -246,7 +246,7 @@ def test_run_lock_is_reentrant_in_process(tmp_path):
         with run_lock(tmp_path / "run", "train-lm"):
             with run_lock(Path(os.path.relpath(tmp_path / "run")), "circuits"):  # however it is spelled
                 pass
-        assert json.loads((tmp_path / "run" / LOCK_FILE).read_text())["stage"] == "demo"
+        assert json.loads(RunPaths(tmp_path / "run").lock.read_text())["stage"] == "demo"
         out, _ = python(TRY, str(tmp_path / "run")).communicate(timeout=30)
         assert out.startswith("busy:")  # still held after the inner ones are left
     out, _ = python(TRY, str(tmp_path / "run")).communicate(timeout=30)
@@ -302,8 +302,8 @@ def test_run_paths_layout(tmp_path):
     run = RunPaths(str(tmp_path))
     assert run.root == tmp_path and run.lm == tmp_path / "lm" and run.tokens == tmp_path / "tokens"
     assert run.sae(2, "mlp_out") == tmp_path / "saes" / "layer2_mlp_out"
-    assert run.stamp("circuits", 3, "eigen") == tmp_path / "tables" / ".stamps" / "circuits-layer3-eigen.json"
-    assert run.stamp("report") == tmp_path / "tables" / ".stamps" / "report.json"
+    assert run.table_stamp("circuits", 3, "eigen") == tmp_path / "tables" / ".stamps" / "circuits-layer3-eigen.json"
+    assert run.table_stamp("report") == tmp_path / "tables" / ".stamps" / "report.json"
 
 
 # ------------------------------------------------------------------ tasks

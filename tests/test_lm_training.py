@@ -14,6 +14,7 @@ import pipelines.lm.training as training
 from pipelines.data.corpus import CorpusConfig, write_story_corpus
 from pipelines.data.stories import StoryConfig
 from pipelines.data.tokenizer import TokenizerConfig, train_tokenizer
+from pipelines.engine.paths import ModelPaths
 from pipelines.data.tokens import bits_per_byte, build_token_store, unigram_entropy
 from pipelines.lm.model import PRESETS, load_model
 from pipelines.lm.training import LMTrainConfig, autocast, held_out_loss, lr_at, train_lm
@@ -112,7 +113,7 @@ def test_resume_matches_an_uninterrupted_run(data, tmp_path, monkeypatch):
     monkeypatch.setattr(training, "clip_grad_norm_", crash_at_step_6)
     with pytest.raises(KeyboardInterrupt):
         train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "b")
-    state = torch.load(tmp_path / "b" / training.STATE_FILE, weights_only=False)
+    state = torch.load(ModelPaths(tmp_path / "b").train_state, weights_only=False)
     assert state["step"] == 4 and [e["step"] for e in state["log"]] == [4]
     assert not (tmp_path / "b" / "model.safetensors").exists()
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]  # no temporaries

@@ -8,7 +8,7 @@ import itertools
 
 from pipelines.lm.model import PRESETS, build_model
 from sae.activations import iter_activations
-from sae.sites import SITES, hook_name
+from circuits.sites import SITES, hook_name
 from sae.stream import ActivationStream, StreamPosition
 
 BOS, PAD = 0, 1

@@ -24,7 +24,7 @@ def test_every_table_names_its_keys_sort_and_categories_among_its_columns():
         names = set(table.names)
         assert len(names) == len(table.names), table.name  # no column twice
         assert set(table.keys) <= names and set(table.sort) <= names and set(table.categories) <= names, table.name
-        assert table.stage in ("train-saes", "circuits", "features", "verdicts"), table.name
+        assert table.stage in ("train-saes", "circuits", "features", "verdicts", "graph"), table.name
 
 
 def test_write_sorts_rows_and_fixes_types(tmp_path):

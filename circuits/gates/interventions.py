@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
+from circuits.sites import RESID_MID, check_input_site, input_gain
 from circuits.weights import MLPWeights, SAEWeights
 
-INPUT_SITES = ("resid_mid", "mlp_in")
 REMOVALS = ("none", "a", "b", "ab")  # what leaves the MLP input: nothing, side A, side B, both
 
 
@@ -70,10 +70,9 @@ class LayerIntervention:
 
     def __init__(self, mlp: MLPWeights, W_dec: torch.Tensor, sae_out: SAEWeights, site: str):
         """`W_dec [n_in, d_model]`: the input SAE's decoder on `site` (resid_mid or mlp_in)."""
-        if site not in INPUT_SITES:
-            raise ValueError(f"unknown input site {site!r}; choose from {', '.join(INPUT_SITES)}")
-        self.mlp, self.sae_out, self.site, self.W_dec = mlp, sae_out, site, W_dec
-        self.gain = mlp.g if site == "resid_mid" else torch.ones_like(mlp.g)
+        self.mlp, self.sae_out, self.site, self.W_dec = mlp, sae_out, check_input_site(site), W_dec
+        gain = input_gain(site, mlp.g)
+        self.gain = torch.ones_like(mlp.g) if gain is None else gain
         self.P_gate = (W_dec * self.gain) @ mlp.W_gate  # [n_in, d_mlp]
         self.P_in = (W_dec * self.gain) @ mlp.W_in
 
@@ -93,7 +92,7 @@ class LayerIntervention:
         unique, inverse = token.unique(return_inverse=True)
         gate = (y[unique] @ self.mlp.W_gate)[inverse] - removed(self.P_gate)  # [N, d_mlp]
         lin = (y[unique] @ self.mlp.W_in)[inverse] - removed(self.P_in)
-        if self.site == "resid_mid":
+        if self.site == RESID_MID:
             r = source[token] - removed(self.W_dec)
             factor = torch.rsqrt(r.square().mean(-1) + self.mlp.eps)[:, None]
             gate, lin = gate * factor, lin * factor

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 
 from circuits.bilinear import interaction_matrices
 from circuits.gates.interventions import LayerIntervention, Sides, side_removal
+from circuits.sae_basis import token_scale
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, hook_name, input_gain
 from circuits.weights import MLPWeights
 from pipelines.analysis.interventions import LayerCache
 from pipelines.inputs import LayerSAEs
@@ -111,7 +113,7 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
         for i, m in enumerate(reads):
             index = m.nonzero()[:, 0]
             pos = position[index]
-            mlp_out = found["mlp_out"][i, pos].to(saes.sae_out.weights.W_enc.dtype)
+            mlp_out = found[MLP_OUT][i, pos].to(saes.sae_out.weights.W_enc.dtype)
             f = out[index]
             rows = torch.arange(len(index))
             result["pre"][index] = saes.sae_out.weights.pre(mlp_out)[rows, f].double()
@@ -131,27 +133,27 @@ def _run(model, cache: LayerCache, saes: LayerSAEs, resid: torch.Tensor, removal
     found: dict[str, torch.Tensor] = {}
 
     def keep_resid(act, hook):
-        found["resid_mid"] = act
+        found[RESID_MID] = act
 
     def change_normalized(act, hook):
         if removal is None:
             return act
-        if site == "mlp_in":
+        if site == MLP_IN:
             changed = (act if gain is None else act * gain) - removal
             changed = changed if gain is None else changed / gain
         else:
-            r = found["resid_mid"] - removal
+            r = found[RESID_MID] - removal
             changed = r / (r.square().mean(-1, keepdim=True) + eps).sqrt()
         # only the ablated positions change: elsewhere the pass stays bit for bit the clean one
         return torch.where(removal.ne(0).any(-1, keepdim=True), changed.to(act.dtype), act)
 
     def keep_out(act, hook):
-        found["mlp_out"] = act
+        found[MLP_OUT] = act
 
     found["final"] = model.run_with_hooks(resid, start_at_layer=layer, stop_at_layer=model.cfg.n_layers, fwd_hooks=[
-        (f"blocks.{layer}.hook_resid_mid", keep_resid),
-        (f"blocks.{layer}.ln2.hook_normalized", change_normalized),
-        (f"blocks.{layer}.hook_mlp_out", keep_out),
+        (hook_name(layer, RESID_MID), keep_resid),
+        (hook_name(layer, MLP_IN), change_normalized),
+        (hook_name(layer, MLP_OUT), keep_out),
     ])
     return found
 
@@ -164,11 +166,9 @@ def _form_parts(cache: LayerCache, entries, z, sides: Sides, sae_in, mlp: MLPWei
     for c in entries.cand.unique().tolist():
         mine = entries.cand == c
         source, zc = cache.source[entries.token[mine]], z[mine]
-        if site == "resid_mid":
-            root = (1.0 / (source.double().square().mean(-1) + cache.eps)).sqrt()[:, None]
-            image = lambda v: (v * mlp.g).double() * root  # noqa: E731
-        else:
-            image = lambda v: v.double()  # noqa: E731
+        root = token_scale(source.double(), cache.eps, site).sqrt()[:, None]
+        gain = input_gain(site, mlp.g)
+        image = lambda v: (v if gain is None else v * gain).double() * root  # noqa: E731
         Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, sae_out.W_enc.T[int(sides.out[c])][None])[0].double()
         side = lambda members: zc[:, members[members >= 0]] @ sae_in.W_dec[members[members >= 0]]  # noqa: E731
         part_a, part_b = side(sides.a[c]), side(sides.b[c])

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.spectra import group_positions
 from circuits.weights import SAEWeights
 from pipelines.data.labels import LEXICON_CHANNEL
@@ -33,7 +33,7 @@ from pipelines.schemas import TABLES
 from pipelines.data.tokenizer import WORD_START, display_token, special_ids
 from pipelines.data.tokens import TokenRows
 from sae.activations import iter_activations
-from sae.sites import Point
+from circuits.sites import OUTPUT_SITE, Point
 
 @dataclass(frozen=True)
 class FeatureConfig(Config):
@@ -53,7 +53,7 @@ class FeatureConfig(Config):
     min_label_tokens: int = option(20, "active tokens a feature needs before a label is given", low=1)
     boost_sd: float = option(1.0, "|boost_sd| that puts 'predicts ... words' in the description", low=0.0)
     batch_rows: int = option(32, "rows per model pass", low=1, runtime=True)
-    seed: int = option(0, "seeds the sample of activations the quantile contexts are drawn from")
+    seed: int = seed_option("seeds the sample of activations the quantile contexts are drawn from")
 
 
 def logit_effects(model: HookedTransformer, directions: torch.Tensor) -> torch.Tensor:
@@ -249,7 +249,7 @@ def feature_tables(model: HookedTransformer, tok: Tokenizer, rows: TokenRows, sa
     listable = listable_tokens(tok, d_vocab, token_counts, cfg.min_token_count)
     records, label_records = [], []
     for (layer, site), tracker in trackers.items():
-        effects = logit_effects(model, saes[(layer, site)].W_dec).cpu() if site == "mlp_out" else None
+        effects = logit_effects(model, saes[(layer, site)].W_dec).cpu() if site == OUTPUT_SITE else None
         boosts = _lexicon_boosts(effects, listable, lexicon_tokens, cfg) if effects is not None else {}
         for f in range(len(tracker.count)):
             row = _describe_feature(tracker, f, windows, effects, listable, boosts, cfg)

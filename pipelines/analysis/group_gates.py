@@ -15,6 +15,7 @@ from circuits.gates.pairs import CELLS, pair_coefficients
 from circuits.gates.groups import GroupResult, GroupStats, ReadSetStats, pair_slots
 from circuits.layer import LayerBatch
 from circuits.sae_basis import input_basis
+from circuits.sites import input_gain
 from circuits.weights import MLPWeights, SAEWeights
 from circuits.gates.ranking import split_evidence
 from pipelines.analysis.verdicts import LABEL_JOIN, InputFacts, VerdictConfig, label_candidates, reading_sets
@@ -29,7 +30,7 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
     device = mlp.W_gate.device
     mlp, sae_in = mlp.to(torch.float64, device), sae_in.to(torch.float64, device)
     directions = directions.to(device, torch.float64)
-    basis = input_basis(sae_in.W_dec, sae_in.b_dec, mlp.g if input_site == "resid_mid" else None)
+    basis = input_basis(sae_in.W_dec, sae_in.b_dec, input_gain(input_site, mlp.g))
     n_in = basis.shape[1] - 1
     sets = reading_sets(eigen, eigen_inputs, cfg) if "eigen" in cfg.groups else _no_sets()
     groups = facts.classes if "labels" in cfg.groups else {}

@@ -24,6 +24,7 @@ from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, 
 from circuits.gates.types import GateThresholds, causal_score, gate_types, keeps
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
+from circuits.sites import MLP_IN, MLP_OUT, hook_name
 from circuits.spectra import smallest_per_group
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
@@ -71,11 +72,9 @@ class LayerCache:
             found: dict[str, torch.Tensor] = {}
             keep = lambda name: lambda act, hook: found.__setitem__(name, act)  # noqa: E731
             model.run_with_hooks(tokens.to(model.cfg.device), return_type=None, stop_at_layer=layer + 1, fwd_hooks=[
-                (f"blocks.{layer}.hook_resid_pre", keep("resid_pre")),
-                (f"blocks.{layer}.hook_resid_mid" if site == "resid_mid" else f"blocks.{layer}.ln2.hook_normalized",
-                 keep("source")),
-                (f"blocks.{layer}.hook_mlp_out", keep("mlp_out"))])
-            if site == "mlp_in" and getattr(model.blocks[layer].ln2, "w", None) is not None:
+                (f"blocks.{layer}.hook_resid_pre", keep("resid_pre")), (hook_name(layer, site), keep("source")),
+                (hook_name(layer, MLP_OUT), keep(MLP_OUT))])
+            if site == MLP_IN and getattr(model.blocks[layer].ln2, "w", None) is not None:
                 found["source"] = found["source"] * model.blocks[layer].ln2.w
             where = rows.keep(tokens).to(found["source"].device)
             n_ctx = tokens.shape[1]
@@ -84,7 +83,7 @@ class LayerCache:
             parts["flat"].append(flat[where])
             parts["source"].append(source)
             parts["z"].append(sae_in.encode(source).to_sparse())
-            parts["acts"].append(sae_out.encode(found["mlp_out"][where].to(sae_out.W_enc.dtype)).to_sparse())
+            parts["acts"].append(sae_out.encode(found[MLP_OUT][where].to(sae_out.W_enc.dtype)).to_sparse())
             parts["resid_pre"].append(found["resid_pre"])
             parts["tokens"].append(tokens)
         flat = torch.cat(parts["flat"])

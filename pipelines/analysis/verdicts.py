@@ -37,9 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.gates.groups import MAX_MEMBERS
 from circuits.gates.ranking import circuit_ranks, is_split, split_evidence
+from circuits.sites import OUTPUT_SITE
 
 NEGATION = "negation"
 CONTEXT = "context="
@@ -91,7 +92,7 @@ class VerdictConfig(Config):
                               "the model (plus each layer's best negation gate of each kind)", low=0)
     ablate_tokens: int = option(256, "confirmation tokens per ablated candidate: a seeded sample of those where both "
                                      "sides are on and the output is active", low=1)
-    seed: int = option(0, "seeds the token samples and the ranking/confirmation split")
+    seed: int = seed_option("seeds the token samples and the ranking/confirmation split")
 
     def check(self) -> None:
         unknown = [g for g in self.groups if g not in SOURCES]
@@ -119,7 +120,7 @@ class InputFacts:
         if features is None or features.empty:
             return cls({}, {}, {}, {}, {}, {})
         mine = features[features["layer"] == layer]
-        ins, outs = mine[mine["site"] == input_site], mine[mine["site"] == "mlp_out"]
+        ins, outs = mine[mine["site"] == input_site], mine[mine["site"] == OUTPUT_SITE]
         text = lambda frame, column: {int(f): str(v) for f, v in zip(frame["feature"], frame[column])  # noqa: E731
                                       if v is not None and not (isinstance(v, float) and np.isnan(v))}
         boost = {int(f): (str(c), float(s)) for f, c, s in zip(outs["feature"], outs["boost_label"], outs["boost_sd"])

@@ -33,13 +33,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from pipelines.data.stories import Story, StoryConfig, generate_stories
 from pipelines.engine.files import atomic_dir, digest, text_digest, write_json
+from pipelines.engine.paths import CORPUS_PART, LEXICON, STORY_CONFIG
 
 SPANS_COLUMN = "spans"
 BATCH_DOCS = 2048
-LEXICON_FILE = "lexicon.tsv"
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
@@ -51,7 +51,7 @@ class CorpusConfig(Config):
     label_column: str | None = option(None, "column with a class per document (e.g. a review's polarity), for feature labels")
     lexicon: str | None = option(None, "file of 'word<TAB>class' lines (a number as class: its sign), for feature labels")
     held_out: float = option(0.05, "share of documents held out from training (chosen by document, seeded)", low=0.001, high=0.5)
-    split_seed: int = option(0, "seed of the held-out choice")
+    split_seed: int = seed_option("seed of the held-out choice")
 
 
 @dataclass
@@ -289,8 +289,8 @@ def write_story_corpus(cfg: StoryConfig, folder: str | Path) -> Path:
     with atomic_dir(folder) as tmp:
         table = pa.Table.from_pandas(stories_frame(generate_stories(cfg)), schema=STORY_SCHEMA,
                                      preserve_index=False)
-        pq.write_table(table, tmp / "part.parquet")
+        pq.write_table(table, tmp / CORPUS_PART)
         lines = [f"{w}\tpositive" for w in POSITIVE] + [f"{w}\tnegative" for w in NEGATIVE]
-        (tmp / LEXICON_FILE).write_text("\n".join(lines) + "\n")
-        write_json(tmp / "story_config.json", cfg.to_json())
+        (tmp / LEXICON).write_text("\n".join(lines) + "\n")
+        write_json(tmp / STORY_CONFIG, cfg.to_json())
     return folder

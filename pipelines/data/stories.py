@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 
 NAMES = {
     "she": ["Mia", "Lily", "Emma", "Sara", "Anna", "Zoe", "Lucy", "Ella", "Amy", "Rose",
@@ -108,7 +108,7 @@ class StoryConfig(Config):
     """How many stories to make and how they are mixed."""
 
     n_stories: int = option(20000, "stories to generate", low=1)
-    seed: int = option(0, "seed of the generator; same seed, same corpus")
+    seed: int = seed_option("seed of the generator; same seed, same corpus")
     min_episodes: int = option(1, "fewest valence episodes per story", low=1)
     max_episodes: int = option(3, "most valence episodes per story", low=1)
     min_reactions: int = option(1, "fewest reaction sentences per episode", low=1)

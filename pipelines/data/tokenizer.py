@@ -18,11 +18,11 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from circuits.config import Config, option
+from pipelines.engine.paths import ModelPaths
 
 BOS, EOS, PAD, UNK = "[BOS]", "[EOS]", "[PAD]", "[UNK]"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 WORD_START = "\u2581"
-TOKENIZER_FILE = "tokenizer.json"
 # punctuation and symbol runs (with the word-start mark of a space before them), digits one
 # by one, and quotes that are not inside a word
 _SPLIT = Regex(r"\u2581?[^\w\s'\u2581]+|\d|\u2581?'(?!\w)|(?<!\w)'")
@@ -66,7 +66,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
 def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     if path.is_dir():
-        path = path / TOKENIZER_FILE
+        path = ModelPaths(path).tokenizer
     if not path.is_file():
         raise FileNotFoundError(f"no tokenizer at {path}")
     try:

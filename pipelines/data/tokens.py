@@ -34,6 +34,7 @@ from pipelines.data.corpus import CorpusConfig, iter_documents
 from pipelines.data.labels import Labeller, lexicon_token_ids, read_lexicon
 from pipelines.data.tokenizer import BOS
 from pipelines.engine.files import atomic_dir, read_json, write_json
+from pipelines.engine.paths import TOKEN_COUNTS
 
 SPLITS = ("train", "held_out")
 INFO_FILE = "info.json"
@@ -133,7 +134,7 @@ class TokenStore:
         return self.info.get("lexicon_tokens", {})
 
     def token_counts(self) -> np.ndarray:
-        return np.load(self.folder / "token_counts.npy")
+        return np.load(self.folder / TOKEN_COUNTS)
 
     def bytes_per_token(self, split: str = "held_out") -> float:
         stats = self.info["splits"][split]
@@ -273,7 +274,7 @@ def build_token_store(
                 missing = writer.rows * n_ctx - (path.stat().st_size if path.exists() else 0)
                 with open(path, "ab") as handle:
                     handle.write(np.zeros(max(0, missing), dtype=np.int8).tobytes())
-        np.save(tmp / "token_counts.npy", writers["train"].counts)
+        np.save(tmp / TOKEN_COUNTS, writers["train"].counts)
         info = {
             "corpus": corpus_name or source, "n_ctx": n_ctx, "dtype": dtype.name, "bos_id": bos,
             "d_vocab": d_vocab, "documents": doc, "skipped_documents": skipped,

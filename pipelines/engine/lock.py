@@ -5,7 +5,9 @@ writer winning), so every command takes an exclusive `flock` on `<run>/.lock` fo
 as it runs, and writes its pid and stage there so that a second command can say who holds
 it. The operating system drops the lock when the holder exits, however it exits, so a
 killed command never leaves the run locked. Taking the lock again in the same process (the
-demo runs every stage) is free.
+demo runs every stage) is free. A run directory the lock had to create is removed again when
+the command leaves nothing else in it (it failed on its inputs), so a mistyped --out leaves
+no folder behind.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-LOCK_FILE = ".lock"
+from pipelines.engine.paths import RunPaths
+
 _held: dict[Path, int] = {}
 
 
@@ -27,9 +30,13 @@ class RunBusyError(RuntimeError):
 
 
 @contextmanager
-def run_lock(root: str | Path, stage: str) -> Iterator[None]:
-    """Hold the lock of run directory `root` while `stage` runs; RunBusyError if taken."""
+def run_lock(root: str | Path, stage: str, create: bool = True) -> Iterator[None]:
+    """Hold the lock of run directory `root` while `stage` runs; RunBusyError if taken.
+    A missing `root` is created, or with `create=False` (a stage that only reads a run)
+    refused."""
     root = Path(root).resolve()
+    if not create and not root.is_dir():
+        raise FileNotFoundError(f"no run directory {root}: check --out")
     if root in _held:
         _held[root] += 1
         try:
@@ -37,9 +44,14 @@ def run_lock(root: str | Path, stage: str) -> Iterator[None]:
         finally:
             _held[root] -= 1
         return
+    created = None  # the outermost folder this lock creates, if any
+    if not root.exists():
+        created = root
+        while not created.parent.exists():
+            created = created.parent
     try:
         root.mkdir(parents=True, exist_ok=True)
-        handle = open(root / LOCK_FILE, "a+")
+        handle = open(RunPaths(root).lock, "a+")
     except PermissionError as err:
         raise PermissionError(f"cannot write to the run directory {root}: {err.strerror}") from None
     try:
@@ -61,9 +73,27 @@ def run_lock(root: str | Path, stage: str) -> Iterator[None]:
         finally:
             del _held[root]
             handle.truncate(0)  # no stale holder left to read
+            if created is not None:
+                _remove_bare(root, created)
             fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
         handle.close()
+
+
+def _remove_bare(root: Path, top: Path) -> None:
+    """Remove `root`, and its parents up to `top`, if the lock file is all they hold."""
+    if [p.name for p in root.iterdir()] != [LOCK_FILE]:
+        return
+    (root / LOCK_FILE).unlink()
+    folder = root
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:  # something else was written there meanwhile
+            return
+        if folder == top:
+            return
+        folder = folder.parent
 
 
 def _holder(text: str) -> str:

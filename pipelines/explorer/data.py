@@ -7,9 +7,9 @@ Every data file is a line of JavaScript that registers one JSON value,
 so that a page opened from file:// loads it with a <script> element (browsers refuse
 fetch() there). The files (`data/<name>.js`):
 
-- `meta`: the run's name, layers, input sites, which tables are present (and why the others
-  are not), the number of features per (layer, site), SAE metrics, the mean low-rank
-  correlation per rank and HOSVD singular values.
+- `meta`: the run's name, layers, input sites (and the default one), the output site,
+  which tables are present (and why the others are not), the number of features per
+  (layer, site), SAE metrics, the mean low-rank correlation per rank and HOSVD singular values.
 - `index`: one row per output feature (site mlp_out) of every layer: description,
   frequency, top tokens; and per input site the summary numbers of each row (rank-2
   correlation, its circuit candidate pair and best group gate with their circuit ranks, the
@@ -40,14 +40,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from circuits.sae_basis import INPUT_SITES
+from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.tables import read_table
 from pipelines.report.inputs import scatter_samples
 from pipelines.schemas import TABLES, select
 
 DIGITS = 4
-OUTPUT_SITE = "mlp_out"
 CORR_RANK = 2  # the rank whose low-rank correlation the index shows (or the largest below it)
 
 # which data file each table of a layer and input site goes into (the columns, their order,
@@ -412,11 +411,12 @@ def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list
         "layers": layers,
         "input_sites": sites,
         "output_site": OUTPUT_SITE,
+        "default_input_site": DEFAULT_INPUT_SITE,  # the input features' site when no circuit tables exist
         "present": sorted(tables.frames),
         "missing": dict(sorted(tables.missing.items())),
         "counts": [{"layer": k[0], "site": k[1], "n": v} for k, v in sorted(counts.items())],
         "sae_metrics": encode_table(metrics.sort_values(["layer", "site"]) if metrics is not None else None),
-        "report": (run.report / "index.html").is_file(),
+        "report": run.report_page.is_file(),
         "digits": DIGITS,
         "lowrank": {}, "hosvd": {},
     }

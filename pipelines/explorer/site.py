@@ -14,20 +14,21 @@ The folder is replaced atomically, so a reader never sees half a site.
 from __future__ import annotations
 
 import functools
+import http
 import http.server
 import importlib.resources
 import shutil
 import time
+import urllib.parse
 import warnings
 from pathlib import Path
 
 import jinja2
 
 from pipelines.engine.files import atomic_dir
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.explorer.data import bundles, script
 
-INDEX = "index.html"
 STATIC_FILES = ("app.js", "style.css")
 SHELL = "shell.html"
 
@@ -67,12 +68,19 @@ def write_explorer(run: RunPaths) -> Path:
         html = env.from_string(_static(SHELL)).render(title=f"Explorer: {meta['run']}", run=meta["run"],
                                                       build_s=f"{time.perf_counter() - start:.1f}")
         (folder / INDEX).write_text(html, encoding="utf-8")
-    return run.explorer / INDEX
+    return run.explorer_page
 
 
 class _Handler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass
+
+    def send_head(self):
+        # a null byte (`%00`) would reach the file system calls, which raise on it
+        if "\x00" in urllib.parse.unquote(self.path):
+            self.send_error(http.HTTPStatus.BAD_REQUEST, "null byte in the path")
+            return None
+        return super().send_head()
 
 
 def make_server(folder: str | Path, host: str = "127.0.0.1", port: int = 8000) -> http.server.ThreadingHTTPServer:

@@ -32,8 +32,8 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.engine.files import atomic_dir
-from pipelines.data.tokenizer import TOKENIZER_FILE
-from pipelines.lm.model import CONFIG_FILE, WEIGHTS_FILE, ModelConfig, build_model, save_model
+from pipelines.engine.paths import MODEL_CONFIG, TOKENIZER, ModelPaths
+from pipelines.lm.model import ModelConfig, build_model, save_model
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -66,8 +66,8 @@ def convert_checkpoint(
         raise FileNotFoundError(f"no published checkpoint at {src_dir}: not a directory")
     if out_dir.exists() and out_dir.resolve() == src_dir.resolve():
         raise ValueError("out_dir must differ from src_dir: converting in place would "
-                         f"overwrite the published {CONFIG_FILE}")
-    if (out_dir / WEIGHTS_FILE).exists() and not force:
+                         f"overwrite the published {MODEL_CONFIG}")
+    if ModelPaths(out_dir).weights.exists() and not force:
         raise ValueError(f"{out_dir} already holds a model; pass --force to replace it (stages that used it, "
                          "such as SAEs trained on it, would then no longer match it)")
     published = read_published_config(src_dir)
@@ -84,7 +84,7 @@ def convert_checkpoint(
     model.load_state_dict(params, strict=False)  # buffers (rotary, mask) keep their values
     with atomic_dir(out_dir) as tmp:
         save_model(model, cfg, tmp)
-        shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+        shutil.copyfile(tokenizer_file, tmp / TOKENIZER)
     return cfg
 
 
@@ -106,9 +106,9 @@ def attention_scaled(config: dict, choice: str) -> bool:
 
 def read_published_config(src_dir: Path) -> dict:
     """The published `config.json`, refused unless it describes a model we can hold."""
-    path = src_dir / CONFIG_FILE
+    path = src_dir / MODEL_CONFIG
     if not path.is_file():
-        raise FileNotFoundError(f"no published checkpoint at {src_dir}: {CONFIG_FILE} is missing")
+        raise FileNotFoundError(f"no published checkpoint at {src_dir}: {MODEL_CONFIG} is missing")
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -186,19 +186,19 @@ def read_published_weights(src_dir: Path) -> dict[str, torch.Tensor]:
 
 def find_tokenizer(src_dir: Path, tokenizer: str | Path | None, config: dict) -> Path:
     """The tokenizer.json to ship with the model: the checkpoint's own, else `tokenizer`."""
-    if (src_dir / TOKENIZER_FILE).is_file():
-        return src_dir / TOKENIZER_FILE
+    if (src_dir / TOKENIZER).is_file():
+        return src_dir / TOKENIZER
     if tokenizer is not None:
         path = Path(tokenizer)
         if path.is_dir():
-            path = path / TOKENIZER_FILE
+            path = path / TOKENIZER
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file {path} does not exist")
         return path
     raise FileNotFoundError(
-        f"{src_dir} has no {TOKENIZER_FILE} and no tokenizer was given. The checkpoint's "
+        f"{src_dir} has no {TOKENIZER} and no tokenizer was given. The checkpoint's "
         f"config names the hub tokenizer {config.get('tokenizer')!r}, which cannot be "
-        f"downloaded here (no network): fetch that tokenizer's {TOKENIZER_FILE} elsewhere "
+        f"downloaded here (no network): fetch that tokenizer's {TOKENIZER} elsewhere "
         f"and pass its path as `tokenizer`, or place it in {src_dir}"
     )
 

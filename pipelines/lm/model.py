@@ -18,9 +18,10 @@ from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from circuits.weights import check_finite
 from pipelines.engine.files import digest, text_digest, write_json
+from pipelines.engine.paths import MODEL_CONFIG, MODEL_WEIGHTS, ModelPaths
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
@@ -29,10 +30,6 @@ def identity(x: torch.Tensor) -> torch.Tensor:
 
 
 SUPPORTED_ACTIVATIONS["identity"] = identity
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-
 
 @dataclass(frozen=True)
 class ModelConfig(Config):
@@ -45,7 +42,7 @@ class ModelConfig(Config):
     n_ctx: int = option(128, "longest context the model is built for", low=2)
     d_vocab: int = option(4096, "vocabulary size, taken from the tokenizer when training", low=2)
     eps: float = option(1e-5, "added to mean(x^2) inside every RMS norm", low=0.0)
-    seed: int = option(0, "the seed its weights were initialised with (train-lm's --seed, recorded here)")
+    seed: int = seed_option("the seed its weights were initialised with (train-lm's --seed, recorded here)")
 
     @property
     def d_head(self) -> int:
@@ -107,20 +104,20 @@ def save_model(model: HookedTransformer, cfg: ModelConfig, directory: str | Path
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(directory / WEIGHTS_FILE))
-    write_json(directory / CONFIG_FILE, cfg.to_json())
+    save_file(state, str(ModelPaths(directory).weights))
+    write_json(ModelPaths(directory).config, cfg.to_json())
 
 
 def model_digest(directory: str | Path) -> str:
     """Content digest of a model: its config and weights (not where they lie)."""
     directory = Path(directory)
-    return text_digest(digest(directory / CONFIG_FILE), digest(directory / WEIGHTS_FILE))
+    return text_digest(digest(ModelPaths(directory).config), digest(ModelPaths(directory).weights))
 
 
 def load_config(directory: str | Path) -> ModelConfig:
-    path = Path(directory) / CONFIG_FILE
+    path = ModelPaths(directory).config
     if not path.is_file():
-        raise FileNotFoundError(f"no model checkpoint at {directory}: {CONFIG_FILE} is missing")
+        raise FileNotFoundError(f"no model checkpoint at {directory}: {MODEL_CONFIG} is missing")
     try:
         return ModelConfig.from_json(json.loads(path.read_text()))
     except (json.JSONDecodeError, TypeError, ValueError) as err:
@@ -131,9 +128,9 @@ def load_model(directory: str | Path, device: str = "cpu") -> tuple[HookedTransf
     """Load a checkpoint in our format; clear errors for missing or corrupt files."""
     directory = Path(directory)
     cfg = load_config(directory)
-    weights = directory / WEIGHTS_FILE
+    weights = ModelPaths(directory).weights
     if not weights.is_file():
-        raise FileNotFoundError(f"no model checkpoint at {directory}: {WEIGHTS_FILE} is missing")
+        raise FileNotFoundError(f"no model checkpoint at {directory}: {MODEL_WEIGHTS} is missing")
     try:
         state = load_file(str(weights), device=device)
     except Exception as err:  # safetensors raises several types for a damaged file

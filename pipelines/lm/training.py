@@ -21,15 +21,12 @@ from torch.nn.utils import clip_grad_norm_
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.config import Config, option
+from circuits.config import Config, option, seed_option
 from pipelines.data.tokens import TokenRows
 from pipelines.engine.files import atomic_file
+from pipelines.engine.paths import ModelPaths
 from pipelines.lm.model import ModelConfig, build_model, save_model
 from sae.activations import autocast
-
-STATE_FILE = "train_state.pt"
-LOG_FILE = "train_log.parquet"
-
 
 @dataclass(frozen=True)
 class LMTrainConfig(Config):
@@ -45,7 +42,7 @@ class LMTrainConfig(Config):
     eval_every: int = option(100, "steps between held-out evaluations", low=1, runtime=True)
     eval_rows: int = option(64, "held-out rows per evaluation", low=1)
     checkpoint_every: int = option(50, "steps between resumable checkpoints (a kill loses at most this many)", low=1, runtime=True)
-    seed: int = option(0, "seed of the weight initialisation and the data order")
+    seed: int = seed_option("seed of the weight initialisation and the data order")
     autocast: str = option("none", "mixed precision of forward passes: none, or bf16 (GPUs; runs on CPU too)",
                            choices=("none", "bf16"), runtime=True)
 
@@ -107,6 +104,7 @@ def train_lm(
     """
     out = Path(work_dir)
     out.mkdir(parents=True, exist_ok=True)
+    files = ModelPaths(out)
     if len(train) == 0:
         raise ValueError("the training corpus is empty")
     if train.n_ctx > model_cfg.n_ctx:
@@ -117,8 +115,8 @@ def train_lm(
     optimiser = _optimiser(model, cfg)
     log: list[dict] = []
     step = 0
-    if (out / STATE_FILE).exists():
-        state = torch.load(out / STATE_FILE, weights_only=False, map_location=device)
+    if (files.train_state).exists():
+        state = torch.load(files.train_state, weights_only=False, map_location=device)
         if state["model_config"] != model_cfg.to_json():
             raise ValueError(f"{out} holds an unfinished run of another model config; use a new --out")
         model.load_state_dict(state["model"])
@@ -151,14 +149,14 @@ def train_lm(
                             tok_s=f"{tok_s:,.0f}")
             t0, tokens_since = time.perf_counter(), 0
         if step % cfg.checkpoint_every == 0 and step < n_steps:
-            with atomic_file(out / STATE_FILE) as tmp:
+            with atomic_file(files.train_state) as tmp:
                 torch.save({"model": model.state_dict(), "model_config": model_cfg.to_json(),
                             "optimizer": optimiser.state_dict(), "step": step, "log": log}, tmp)
     bar.close()
     model.eval()
     save_model(model, model_cfg, out)
     df = pd.DataFrame(log)
-    with atomic_file(out / LOG_FILE) as tmp:
+    with atomic_file(files.train_log) as tmp:
         df.to_parquet(tmp, index=False)
     return model, df
 

@@ -17,10 +17,11 @@ import torch
 
 from circuits.bilinear import interaction_matrices
 from circuits.sae_basis import input_basis, project
+from circuits.sites import input_gain
 from circuits.weights import from_hooked_transformer
 from pipelines import schemas
 from pipelines.engine.files import read_json
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import ModelPaths, RunPaths
 from pipelines.inputs import LayerSAEs
 
 SCATTER_RANKS = (1, 2)  # ranks of lowrank_samples a scatter shows, with the largest stored
@@ -56,7 +57,8 @@ class ReportData:
 
 
 def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_dir) -> ReportData:
-    return ReportData(run, layers, input_site, read_json(model_dir / "summary.json"), read_json(model_dir / "config.json"))
+    files = ModelPaths(model_dir)
+    return ReportData(run, layers, input_site, read_json(files.summary), read_json(files.config))
 
 
 def scatter_samples(samples: pd.DataFrame | None, layer: int, feature: int) -> pd.DataFrame:
@@ -76,7 +78,7 @@ def interaction_submatrix(model, layer: int, feature: int, saes: LayerSAEs, inpu
     """`Qt` of one output feature over the given input features (`circuits.sae_basis.project`)."""
     mlp = from_hooked_transformer(model, layer).to(torch.float64)
     w_in = saes.sae_in.weights
-    basis = input_basis(w_in.W_dec.double(), w_in.b_dec.double(), mlp.g if saes.input_site == "resid_mid" else None)
+    basis = input_basis(w_in.W_dec.double(), w_in.b_dec.double(), input_gain(saes.input_site, mlp.g))
     u = saes.sae_out.weights.W_enc.T[feature : feature + 1].double()
     Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, u)[0]
     return project(Q, basis[:, inputs]).numpy()

@@ -20,13 +20,13 @@ from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from circuits.config import Config, option
+from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines.engine.files import atomic_dir
-from pipelines.engine.paths import RunPaths
+from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.report import figures
 from pipelines.inputs import LayerSAEs, ModelInputs, SAEPaths, check_tables_match, layer_saes
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
-INDEX = "index.html"
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_type",
                      "causal_score", "keep_a", "keep_b", "synergy", "gate_score", "and_data", "split_pair", "drop_a",
@@ -47,7 +47,7 @@ class ReportConfig(Config):
 
 
 def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: list[int], *,
-                 sae_paths: dict[int, SAEPaths] | None = None, input_site: str = "resid_mid",
+                 sae_paths: dict[int, SAEPaths] | None = None, input_site: str = DEFAULT_INPUT_SITE,
                  allow_hookless: bool = False) -> Path:
     """Write the report of `layers` (see the module docstring); returns the page's path.
 
@@ -58,7 +58,7 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: 
     saes = {}
     for layer in layers:
         explicit = (sae_paths or {}).get(layer)
-        path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, "mlp_out"))
+        path_in, path_out = explicit or (run.sae(layer, input_site), run.sae(layer, OUTPUT_SITE))
         if Path(path_in).is_dir() and path_out is not None and Path(path_out).is_dir():
             saes[layer] = layer_saes(run, inputs, layer, explicit, input_site, True, allow_hookless)
             check_tables_match(run, layer, f"{input_site}-sae", Path(path_in), Path(path_out))
@@ -74,12 +74,12 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, layers: 
         for layer in layers:
             page["layers"].append(_layer_section(data, layer, pictures, cfg, inputs, saes.get(layer)))
             steps.update(1)
-        page["explorer"] = (run.explorer / "index.html").is_file()
+        page["explorer"] = run.explorer_page.is_file()
         html = _environment().get_template("report.html").render(**page)
         (folder / INDEX).write_text(html, encoding="utf-8")
         steps.update(2)
     steps.close()
-    return run.report / INDEX
+    return run.report_page
 
 
 class _Pictures:
@@ -121,7 +121,7 @@ def _metrics(data: ReportData) -> list[dict] | None:
     metrics = data.table("sae_metrics")
     if metrics is None:
         return None
-    order = metrics.assign(_site=metrics["site"].map({"resid_mid": 0, "mlp_in": 1, "mlp_out": 2}))
+    order = metrics.assign(_site=metrics["site"].map(SITES.index))
     return order.sort_values(["layer", "_site"])[METRIC_COLUMNS].to_dict("records")
 
 
@@ -183,7 +183,7 @@ def _card(data: ReportData, row: dict, why: str, pictures: _Pictures, cfg: Repor
     layer, f, kind = row["layer"], row["out_feature"], row["kind"]
     name = f"L{layer}_F{f}_{kind}"
     card = {"row": row, "title": f"{kind.capitalize()} circuit rank {row['circuit_rank']} ({why})",
-            "out": _label(data, layer, ("mlp_out",), f), "features": _feature_info(data, layer, f)}
+            "out": _label(data, layer, (OUTPUT_SITE,), f), "features": _feature_info(data, layer, f)}
     keys = ("in_a", "in_b") if kind == "pair" else ("group_a", "group_b")
     truth_table, ablation_table = ("gate_truth", "gate_ablation") if kind == "pair" else ("group_truth", "group_ablation")
     match = lambda frame: frame[(frame["layer"] == layer) & (frame["out_feature"] == f)  # noqa: E731
@@ -206,7 +206,7 @@ def _card(data: ReportData, row: dict, why: str, pictures: _Pictures, cfg: Repor
     if saes is not None:
         inputs_shown = _heatmap_inputs(data, layer, f, list(row["members_a"]) + list(row["members_b"]), cfg.n_inputs)
         matrix = interaction_submatrix(inputs.model, layer, f, saes, inputs_shown)
-        labels = [_label(data, layer, ("resid_mid", "mlp_in"), i)[:48] for i in inputs_shown]
+        labels = [_label(data, layer, INPUT_SITES, i)[:48] for i in inputs_shown]
         card["heatmap"] = pictures.save(figures.heatmap(matrix, labels, [f"#{i}" for i in inputs_shown],
                                                         f"Qt of layer {layer}, output #{f}"), f"{name}_interactions.png")
     card["scatter"] = _scatter(data, layer, f, pictures, name)
@@ -217,7 +217,7 @@ def _feature_info(data: ReportData, layer: int, f: int) -> dict:
     features = data.table("features")
     if features is None:
         return {}
-    sel = features[(features["layer"] == layer) & (features["site"] == "mlp_out") & (features["feature"] == f)]
+    sel = features[(features["layer"] == layer) & (features["site"] == OUTPUT_SITE) & (features["feature"] == f)]
     if sel.empty:
         return {}
     row = sel.iloc[0]
@@ -253,5 +253,5 @@ def _scatter(data: ReportData, layer: int, f: int, pictures: _Pictures, name: st
         corr = float(np.corrcoef(x, y)[0, 1]) if len(y) > 1 and x.std() > 0 and y.std() > 0 else float("nan")
         panels.append((f"rank {r}", x, y, corr))
     n = len(samples) // len(panels)
-    title = f"layer {layer}, {_label(data, layer, ('mlp_out',), f)[:90]} ({n} sampled active tokens)"
+    title = f"layer {layer}, {_label(data, layer, (OUTPUT_SITE,), f)[:90]} ({n} sampled active tokens)"
     return pictures.save(figures.scatter(panels, title), f"{name}_scatter.png")

@@ -12,8 +12,9 @@
   const main = document.getElementById("main");
   const meta = D.meta || { layers: [], input_sites: [], missing: {}, present: [], counts: [], lowrank: {},
                            hosvd: {}, run: "?" };
+  const OUT = meta.output_site;  // the one output site (circuits.sites.OUTPUT_SITE)
   const timings = (window.BCX_TIMINGS = []);
-  const state = { site: meta.input_sites[0] || "resid_mid", routeToken: 0,
+  const state = { site: meta.input_sites[0] || meta.default_input_site, routeToken: 0,
                   index: { q: "", layer: "all", gatesOnly: false, minCorr: "", sort: null, desc: false, limit: 200 } };
   const HEATMAP_PAIRS = 12;
   const DIVERGING = [[0, "#2166ac"], [0.25, "#67a9cf"], [0.5, "#f7f7f7"], [0.75, "#ef8a62"], [1, "#b2182b"]];
@@ -129,7 +130,7 @@
     return "#" + path + (state.site !== meta.input_sites[0] && meta.input_sites.length > 1 ? "?in=" + encodeURIComponent(state.site) : "");
   }
   function outLink(layer, f, fi, n) {
-    const d = fi ? fi.desc("mlp_out", f) : "";
+    const d = fi ? fi.desc(OUT, f) : "";
     return `<a class="feat" href="${link(`/out/${layer}/${f}`)}" title="${esc(d)}">out #${f}</a>` +
       (n ? ` <span class="desc">${esc(trunc(d, n))}</span>` : "");
   }
@@ -276,7 +277,7 @@
     const missing = ["features", "lowrank", "gate_verdicts", "eigen"].filter((n) => !present(n))
       .map((n) => missingNote(n, `the ${n} table (its columns are empty)`)).join("");
     main.innerHTML = `<h1>Output features</h1>
-      <p class="note">Every feature of the output SAE (site mlp_out) of every layer. Click a column to sort; the
+      <p class="note">Every feature of the output SAE (site ${esc(OUT)}) of every layer. Click a column to sort; the
       search matches descriptions and top tokens (every word must appear). Numbers use the input SAE on
       <b>${esc(state.site)}</b>.</p>${missing}
       <div class="controls">
@@ -326,7 +327,7 @@
       `</section><section><h3>Contexts at quantiles of its activation</h3>` +
       (samples.length ? `<ul class="contexts">${samples.map((c, i) => `<li><span class="q">${isNum(qs[i]) ? "q" + qs[i].toFixed(2) : ""}</span> ${context(c)}</li>`).join("")}</ul>` : '<p class="note">none</p>') +
       `</section></div>`;
-    if (site === "mlp_out") {
+    if (site === OUT) {
       const chips = (xs, cls) => (xs && xs.length ? xs.map((t) => `<span class="chip ${cls}">${esc(t)}</span>`).join(" ") : '<span class="note">none</span>');
       html += `<div class="logits"><div><b>Boosted tokens</b> ${chips(r.boosted_tokens, "up")}</div>` +
         `<div><b>Suppressed tokens</b> ${chips(r.suppressed_tokens, "down")}</div></div>`;
@@ -633,14 +634,14 @@
   }
 
   async function renderOutput(layer, f) {
-    const n = count(layer, "mlp_out");
+    const n = count(layer, OUT);
     if (meta.layers.indexOf(layer) < 0 || !(f >= 0 && f < n)) {
       return notFound(meta.layers.indexOf(layer) < 0 ? `This run has no layer ${isNaN(layer) ? "of that name" : layer}.`
         : `Layer ${layer} has no output feature ${isNaN(f) ? "of that id" : f} (its output SAE has ${n} features: 0 to ${n - 1}).`);
     }
     const [F, C, V] = await Promise.all([need(`features_L${layer}`), needSite("circuits", layer), needSite("verdicts", layer)]);
     const fi = featureIndex(F);
-    const head = featureHead(fi, layer, "mlp_out", f);
+    const head = featureHead(fi, layer, OUT, f);
     document.title = `L${layer} out #${f}: ${head.row ? head.row.description || "" : ""}`;
     const jobs = [];
     const sections = [
@@ -648,10 +649,10 @@
       gatesSection(C || {}, V, layer, f, fi), groupsSection(C || {}, V, layer, f, fi),
     ];
     main.innerHTML = `<div class="page-head"><h1>Layer ${layer} &middot; output feature #${f}</h1>${pager("out", layer, f, n)}</div>
-      <p class="note">Site mlp_out; circuits read through the input SAE on <b>${esc(state.site)}</b>. Jump to:
+      <p class="note">Site ${esc(OUT)}; circuits read through the input SAE on <b>${esc(state.site)}</b>. Jump to:
       <a href="#interactions" data-jump>interactions</a> &middot; <a href="#eigen" data-jump>spectrum</a> &middot;
       <a href="#lowrank" data-jump>low rank</a> &middot; <a href="#gates" data-jump>gates</a> &middot; <a href="#groups" data-jump>group gates</a></p>
-      <section id="feature" data-layer="${layer}" data-feature="${f}">${head.html}${labelSection(fi, "mlp_out", f)}</section>
+      <section id="feature" data-layer="${layer}" data-feature="${f}">${head.html}${labelSection(fi, OUT, f)}</section>
       ${sections.join("")}`;
     jumpLinks();
     contentDone();
@@ -823,7 +824,7 @@
     main.dataset.ready = "0";
     const { parts, params } = parseHash();
     const wanted = params.get("in");
-    state.site = wanted && meta.input_sites.indexOf(wanted) >= 0 ? wanted : meta.input_sites[0] || "resid_mid";
+    state.site = wanted && meta.input_sites.indexOf(wanted) >= 0 ? wanted : meta.input_sites[0] || meta.default_input_site;
     renderHeader();
     // Plotly's first start takes about a second: fetch it alongside the data of a page with plots
     if (parts[0] === "out" || parts[0] === "layer") needPlotly();

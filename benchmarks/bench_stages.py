@@ -1,0 +1,434 @@
+"""Every stage of the demo against its floor: wall time, the least time its work needs here,
+their ratio, and where the time goes.
+
+    python benchmarks/bench_stages.py [--quick] [--out DIR] [--threads 1] [--seed 0]
+                                      [--code DIR --code DIR ...]
+
+Runs the demo's stages (corpus, train-lm, train-saes, circuits, features, verdicts, report,
+explorer) with the demo's settings (`--quick`: `DemoConfig.small()`) into a fresh run
+directory. Each stage runs in its own process, the stages before it reused from their stamps
+and left out of its time. Before each stage the process measures this machine's matmul rate
+(float32 products of square matrices, on `--threads` threads) and its disk write rate
+(a file written and synced), so that a floor and a time are taken under the same load.
+
+A stage's floor is the floating-point work it cannot avoid divided by the matmul rate (model
+passes, counted once per token even where several layers read them; the LM's forward and
+backward; SAE encoders and the k active decoder rows; each output feature's interaction
+matrix, its projection into the input SAE's basis and its eigendecomposition), plus the bytes
+it writes divided by the disk rate. Stages without such work (the corpus generator, the
+report's figures, the explorer's site) have a floor of their bytes alone.
+
+The profile is sampled: every 20 ms a thread reads the stage's Python stack and charges the
+sample to the innermost function of this project, marked with the library it was inside
+(`torch`, `pandas`, ...), if any.
+
+With several `--code` trees (e.g. the code before a change, then after it) each stage runs
+once per tree, alternately, each tree in its own run directory, so that the trees meet the
+same load; a table per tree and a comparison follow. The last line reads
+`worst stage: NAME at R x its floor; total T s` for the last tree. Then the paper preset's
+full run is projected from the floors, on this machine (at the measured rate, each stage at
+the ratio measured here) and on one H100 (floors at a stated rate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+STAGES = ("corpus", "train-lm", "train-saes", "circuits", "features", "verdicts", "report", "explorer")
+H100_RATE = 300e12  # flop/s assumed for one H100: about 30% of its dense bf16 peak (989 TFLOP/s)
+PAPER_LM_TOKENS = 500_000_000  # assumed: about one pass over TinyStories with a 4096-token vocabulary
+PAPER_SAE_TOKENS = 150_000_000  # per SAE (the paper)
+SAMPLE_S = 0.02
+
+
+# ------------------------------------------------------------------ measuring the machine
+
+
+def matmul_rate(threads: int, seconds: float = 1.0, n: int = 1024) -> tuple[float, float]:
+    """float32 flop/s of `n x n` matrix products on `threads` threads, per second of wall
+    time and per second of this process's CPU time (the best of a few tries each)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    wall = cpu = 0.0
+    for _ in range(3):
+        start, cpu_start, count = time.perf_counter(), time.process_time(), 0
+        while time.perf_counter() - start < seconds / 3:
+            a @ b
+            count += 1
+        wall = max(wall, 2 * n**3 * count / (time.perf_counter() - start))
+        cpu = max(cpu, 2 * n**3 * count / max(time.process_time() - cpu_start, 1e-9))
+    return wall, cpu
+
+
+def disk_rate(folder: Path, n_bytes: int = 64 << 20) -> float:
+    """Bytes/s of writing and syncing a file of `n_bytes` in `folder`."""
+    block = os.urandom(1 << 20)
+    with tempfile.NamedTemporaryFile(dir=folder) as f:
+        start = time.perf_counter()
+        for _ in range(n_bytes >> 20):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+        return n_bytes / (time.perf_counter() - start)
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
+
+
+class Sampler:
+    """Samples the calling thread's Python stack every `SAMPLE_S` seconds while active."""
+
+    def __init__(self, roots: list[Path]):
+        self.roots = [str(r) + os.sep for r in roots]
+        self.counts: Counter[str] = Counter()
+        self.target = threading.get_ident()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Sampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stop.wait(SAMPLE_S):
+            frame = sys._current_frames().get(self.target)
+            if frame is not None:
+                self.counts[self._where(frame)] += 1
+
+    def _where(self, frame) -> str:
+        library = None
+        while frame is not None:
+            path = frame.f_code.co_filename
+            if any(path.startswith(r) for r in self.roots) and "benchmarks" not in path:
+                module = Path(path).with_suffix("").as_posix().split("/")[-2:]
+                name = f"{'.'.join(module)}.{frame.f_code.co_name}"
+                return f"{name} ({library})" if library else name
+            if library is None:
+                library = _library(path)
+            frame = frame.f_back
+        return f"other ({library})" if library else "other"
+
+    def top(self, n: int) -> list[tuple[str, float]]:
+        total = sum(self.counts.values()) or 1
+        return [(name, count / total) for name, count in self.counts.most_common(n)]
+
+
+def _library(path: str) -> str:
+    parts = Path(path).parts
+    if "site-packages" in parts or "dist-packages" in parts:
+        i = max(i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages"))
+        return parts[i + 1].split(".")[0] if i + 1 < len(parts) else "python"
+    return "python"
+
+
+# ------------------------------------------------------------------ the stages
+
+
+class Chain:
+    """The demo's stages on one run directory; each call runs what it needs before it."""
+
+    def __init__(self, root: Path, quick: bool, seed: int, threads: int):
+        from pipelines.demo import DemoConfig
+        from pipelines.engine.paths import RunPaths
+        from pipelines.runtime import Runtime
+
+        self.cfg = (DemoConfig.small() if quick else DemoConfig()).with_seed(seed)
+        self.run = RunPaths(root)
+        self.runtime = Runtime(threads=threads).resolved(announce=False)
+        self.layers: list[int] = []
+
+    def upto(self, stage: str):
+        """Run every stage before `stage` (reused from their stamps); returns `stage`'s callable."""
+        calls = {"corpus": self.corpus, "train-lm": self.train_lm, "train-saes": self.train_saes,
+                 "circuits": self.circuits, "features": self.features, "verdicts": self.verdicts,
+                 "report": self.report, "explorer": self.explorer}
+        for name in STAGES[: STAGES.index(stage)]:
+            if name not in ("report", "explorer"):
+                calls[name]()
+        return calls[stage]
+
+    def corpus(self):
+        from pipelines.stages import ensure_corpus
+
+        self.run.root.mkdir(parents=True, exist_ok=True)
+        self.source = ensure_corpus(self.run, self.cfg.stories)
+
+    def train_lm(self):
+        from pipelines.data.corpus import LEXICON_FILE
+        from pipelines.inputs import ModelInputs, StageInputs
+        from pipelines.stages import ensure_lm, ensure_tokens
+
+        cfg = self.cfg
+        self.lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(self.source / LEXICON_FILE)))
+        self.summary = ensure_lm(self.run, source=str(self.source), job=self.lm_job, runtime=self.runtime)
+        self.lm = ModelInputs(self.run.lm, self.runtime.device)
+        self.work = StageInputs(self.run, self.lm, ensure_tokens(self.run, str(self.source), self.lm.tokenizer,
+                                                                 self.lm.config.n_ctx, self.lm_job.corpus))
+        self.layers = list(range(self.lm.config.n_layers))
+
+    def train_saes(self):
+        from pipelines.stages import ensure_saes
+
+        self.sae_metrics = ensure_saes(self.work, job=self.cfg.saes, layers=self.layers, runtime=self.runtime)
+
+    def circuits(self):
+        from pipelines.stages import ensure_circuits
+
+        ensure_circuits(self.work, job=self.cfg.circuits, layers=self.layers, runtime=self.runtime)
+
+    def features(self):
+        from pipelines.stages import ensure_features
+
+        ensure_features(self.work, job=self.cfg.features, layers=self.layers, runtime=self.runtime)
+
+    def verdicts(self):
+        from pipelines.stages import ensure_verdicts
+
+        ensure_verdicts(self.work, job=self.cfg.verdicts, layers=self.layers, runtime=self.runtime)
+
+    def report(self):
+        from pipelines.report.page import write_report
+
+        write_report(self.run, self.cfg.report, self.lm, self.layers, input_site=self.cfg.verdicts.input_site)
+
+    def explorer(self):
+        from pipelines.explorer.site import write_explorer
+
+        write_explorer(self.run)
+
+    def quality(self) -> dict:
+        """The demo's quality figures: held-out loss, SAE NMSE, median rank-2 correlation."""
+        import pandas as pd
+
+        from pipelines import schemas
+
+        out = {"held_out_loss": self.summary["held_out_loss"]}
+        if hasattr(self, "sae_metrics"):
+            out["nmse"] = {f"{r.layer}/{r.site}": float(r.nmse) for r in self.sae_metrics.itertuples()}
+        if (self.run.tables / "lowrank").is_dir():
+            low = pd.concat([schemas.read(self.run.tables, "lowrank", [layer]) for layer in self.layers])
+            low = low[(low["n_eigs"] == 2) & (low["input_site"] == "resid_mid")]
+            out["rank2_median"] = {str(k): float(v) for k, v in low.groupby("layer")["corr_active"].median().items()}
+        return out
+
+
+# ------------------------------------------------------------------ floors
+
+
+def forward_flops(m, layers: int | None = None, unembed: bool = True) -> float:
+    """Flops of one token's forward pass through `layers` blocks (all by default), causal attention."""
+    layers = m.n_layers if layers is None else layers
+    block = 2 * (4 * m.d_model**2 + 3 * m.d_model * m.d_mlp) + 2 * m.d_model * m.n_ctx
+    return layers * block + (2 * m.d_model * m.d_vocab if unembed else 0)
+
+
+def sae_step_flops(d: int, d_sae: int, k: int) -> float:
+    """One token's training flops in one TopK SAE: the dense encoder, then k rows each way."""
+    return 2 * d * d_sae + 6 * k * d
+
+
+def circuit_layer_flops(d: int, d_mlp: int, n_in: int, n_out: int) -> float:
+    """Interaction matrices, their symmetric projection into the input basis, and eigh, per layer."""
+    q = 2 * d * d_mlp * d
+    projection = 2 * (n_in + 1) * d * d + (n_in + 1) ** 2 * d
+    eigh = 9 * d**3
+    return n_out * (q + projection + eigh)
+
+
+def stage_flops(stage: str, cfg, m) -> float:
+    """The floating-point work `stage` cannot avoid, for demo config `cfg` and model config `m`."""
+    if stage in ("corpus", "report", "explorer"):
+        return 0.0
+    n_ctx = m.n_ctx
+    if stage == "train-lm":
+        train = cfg.lm.train
+        steps = train.n_steps(n_ctx)
+        evals = steps // train.eval_every + (steps % train.eval_every != 0)
+        tokens = steps * train.batch_size * n_ctx
+        return 3 * tokens * forward_flops(m) + (evals * train.eval_rows + 256) * n_ctx * forward_flops(m)
+    d = m.d_model
+    sae = cfg.saes.sae.resolve(d)
+    d_sae = sae.expansion * d
+    n_saes = m.n_layers * len(cfg.saes.sites)
+    if stage == "train-saes":
+        model = sae.used_tokens * forward_flops(m, unembed=False)
+        evaluation = n_saes * sae.eval_rows * n_ctx * forward_flops(m)
+        return model + n_saes * sae.used_tokens * sae_step_flops(d, d_sae, sae.k) + evaluation
+    if stage == "circuits":
+        rows = cfg.circuits.corr_rows * n_ctx
+        encode = rows * 2 * d * 2 * d_sae * m.n_layers
+        return (m.n_layers * circuit_layer_flops(d, m.d_mlp, d_sae, d_sae) + rows * forward_flops(m, unembed=False)
+                + encode)
+    if stage == "features":
+        rows = cfg.features.features.n_rows * n_ctx
+        logit = n_saes * 2 * d_sae * d * m.d_vocab
+        return rows * (forward_flops(m, unembed=False) + n_saes * 2 * d * d_sae) + logit
+    if stage == "verdicts":
+        v = cfg.verdicts.verdicts
+        rows = v.rows * n_ctx
+        candidates = 2 * v.n_ablate + 2
+        # an ablated token needs the layers after it at its own position (earlier ones are cached) and the unembedding
+        ablations = m.n_layers * candidates * 3 * v.ablate_tokens * forward_flops(m)
+        return rows * (forward_flops(m, unembed=False) + m.n_layers * 2 * d * 2 * d_sae) + ablations
+    raise ValueError(stage)
+
+
+# ------------------------------------------------------------------ one stage, in a child process
+
+
+def child(args) -> None:
+    """Run one stage on this process's code and print its figures as one JSON line."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    chain = Chain(Path(args.out), args.quick, args.seed, args.threads)
+    call = chain.upto(args.child)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (rate, cpu_rate), disk = matmul_rate(args.threads), disk_rate(Path(args.out))
+    before = folder_bytes(Path(args.out))
+    import pipelines
+
+    sampler = Sampler([Path(pipelines.__file__).resolve().parents[1]])
+    start, cpu = time.perf_counter(), time.process_time()
+    with sampler:
+        call()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    written = max(0, folder_bytes(Path(args.out)) - before)
+    m = chain.lm.config if chain.layers else None
+    flops = stage_flops(args.child, chain.cfg, m) if m is not None else 0.0
+    result = {"stage": args.child, "seconds": seconds, "cpu": cpu, "flops": flops, "bytes": written, "rate": rate, "disk": disk,
+              "floor": flops / rate + written / disk, "cpu_floor": flops / cpu_rate + written / disk, "profile": sampler.top(args.profile_lines),
+              "load": os.getloadavg()[0]}
+    if args.child == "explorer":
+        result["quality"] = chain.quality()
+    if m is not None:
+        result["model"] = m.to_json()
+        result["paper"] = paper_flops(chain.cfg, m) if args.child == "explorer" else None
+    print("BENCH " + json.dumps(result), flush=True)
+
+
+def paper_flops(cfg, demo_model) -> dict:
+    """Each stage's flops in the paper preset's full run (6 layers, d_model 512, 12 SAEs)."""
+    from pipelines.lm.model import PRESETS
+
+    m = PRESETS["paper"].replace(d_vocab=demo_model.d_vocab)
+    lm = cfg.lm.replace(train=cfg.lm.train.replace(train_tokens=PAPER_LM_TOKENS))
+    saes = cfg.saes.replace(sae=cfg.saes.sae.replace(k=30, train_tokens=PAPER_SAE_TOKENS))
+    paper = cfg.replace(lm=lm, saes=saes)
+    return {stage: stage_flops(stage, paper, m) for stage in STAGES}
+
+
+# ------------------------------------------------------------------ the parent
+
+
+def run_child(code: Path, stage: str, out: Path, args) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "WANDB_MODE": "disabled", "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--out", str(out),
+           "--threads", str(args.threads), "--seed", str(args.seed), "--profile-lines", str(args.profile_lines)]
+    if args.quick:
+        cmd.append("--quick")
+    done = subprocess.run(cmd, env=env, cwd=code, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH ")]
+    if done.returncode or not lines:
+        sys.exit(f"{stage} failed with the code of {code}:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("BENCH "):])
+
+
+def table(results: list[dict]) -> str:
+    lines = [f"{'stage':<11} {'seconds':>8} {'floor s':>8} {'x floor':>8} {'CPU s':>7} {'CPU x':>6} {'GFLOP':>8} "
+             f"{'MB out':>7} {'GFLOP/s':>8} {'load':>5}  where the time goes (sampled)"]
+    for r in results:
+        where = "; ".join(f"{name} {share:.0%}" for name, share in r["profile"])
+        lines.append(f"{r['stage']:<11} {r['seconds']:8.1f} {r['floor']:8.2f} {r['seconds'] / r['floor']:8.1f} "
+                     f"{r['cpu']:7.1f} {r['cpu'] / r['cpu_floor']:6.1f} {r['flops'] / 1e9:8.1f} "
+                     f"{r['bytes'] / 1e6:7.1f} {r['rate'] / 1e9:8.1f} {r['load']:5.2f}  {where}")
+    total, floor = sum(r["seconds"] for r in results), sum(r["floor"] for r in results)
+    cpu, cpu_floor = sum(r["cpu"] for r in results), sum(r["cpu_floor"] for r in results)
+    lines.append(f"{'total':<11} {total:8.1f} {floor:8.2f} {total / floor:8.1f} {cpu:7.1f} {cpu / cpu_floor:6.1f}")
+    return "\n".join(lines)
+
+
+def projection(results: list[dict]) -> str:
+    paper = results[-1]["paper"]
+    rate = max(r["rate"] for r in results)
+    here = sum(paper[r["stage"]] / rate * max(1.0, r["seconds"] / r["floor"]) for r in results if r["flops"])
+    floor = sum(paper.values()) / rate
+    gpu = sum(paper.values()) / H100_RATE
+    by_stage = ", ".join(f"{s} {paper[s] / 1e15:.1f}" for s in STAGES if paper[s])
+    return (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, {PAPER_SAE_TOKENS / 1e6:.0f}M "
+            f"tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: {by_stage}):\n"
+            f"  this machine at {rate / 1e9:.0f} GFLOP/s: floor {floor / 3600:.0f} h, at this run's ratios {here / 3600:.0f} h "
+            f"({here / 86400:.1f} days)\n"
+            f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, not measured)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a small copy of the demo (DemoConfig.small())")
+    parser.add_argument("--out", default=None, help="a new folder for the runs (default: a temporary one)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of every stage and of the matmul rate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--code", action="append", type=Path, help="a code tree to run (repeat to compare; default: "
+                                                                   "this one)")
+    parser.add_argument("--stages", default=",".join(STAGES), help="comma list: run up to the last, time these")
+    parser.add_argument("--profile-lines", type=int, default=3, help="places listed per stage")
+    parser.add_argument("--child", choices=STAGES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    codes = [c.resolve() for c in (args.code or [HERE])]
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="bench-stages-"))
+    runs = [out / f"{i}-{c.name}" for i, c in enumerate(codes)]
+    if any(r.exists() for r in runs):
+        sys.exit(f"--out {out} already holds runs: give a new folder")
+    stages = [s for s in STAGES if s in args.stages.split(",")]
+    print(f"demo{' (quick)' if args.quick else ''}, seed {args.seed}, {args.threads} torch thread(s); "
+          f"load average at start {os.getloadavg()[0]:.2f}; runs in {out}", flush=True)
+    results: list[list[dict]] = [[] for _ in codes]
+    for stage in STAGES[: STAGES.index(stages[-1]) + 1]:
+        for i, code in enumerate(codes):
+            r = run_child(code, stage, runs[i], args)
+            if stage in stages:
+                results[i].append(r)
+                print(f"  {stage} ({code.name}): {r['seconds']:.1f} s, floor {r['floor']:.2f} s", flush=True)
+    for code, res in zip(codes, results):
+        print(f"\ncode {code}:\n{table(res)}")
+        if "quality" in res[-1]:
+            print(f"quality: {json.dumps(res[-1]['quality'])}")
+    if len(codes) > 1:
+        print("\nseconds (CPU seconds) by stage, " + " -> ".join(c.name for c in codes) + ":")
+        for j, stage in enumerate(stages):
+            print(f"  {stage:<11} " + " -> ".join(f"{res[j]['seconds']:.1f} ({res[j]['cpu']:.1f})" for res in results))
+    last = results[-1]
+    if last[-1].get("paper"):
+        print("\n" + projection(last))
+    worst = max((r for r in last if r["floor"] > 0), key=lambda r: r["seconds"] / r["floor"])
+    print(f"worst stage: {worst['stage']} at {worst['seconds'] / worst['floor']:.1f} x its floor; "
+          f"total {sum(r['seconds'] for r in last):.0f} s")
+    if not args.out:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""Build a prompt's attribution graph from a model folder and its SAEs: checks of the input,
+the frozen forward pass, the graph, its pruning and scores.
+
+Which SAEs: for each layer with both an input SAE (at `input_site`) and an mlp_out SAE, their
+active latents are nodes, two rows per layer (inputs, then outputs); a layer without them is
+one error node per position holding its whole MLP output. See `circuits.attribution` for how
+biases, `b_dec` and SAE errors enter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from circuits.attribution import (AttributionGraph, LayerSAETensors, attribute, frozen_from_cache, model_tensors,
+                                  prune, scores)
+from circuits.config import Config, option
+from circuits.sae_basis import INPUT_SITES
+from pipelines.data.tokenizer import BOS, display_token
+from pipelines.engine.paths import RunPaths
+from pipelines.inputs import ModelInputs, SAEPaths, layer_saes
+
+
+@dataclass(frozen=True)
+class GraphConfig(Config):
+    """How `graph` builds, prunes and writes attribution graphs."""
+
+    target: str | None = option(None, "the next token whose logit is attributed (default: the most likely next "
+                                      "tokens until their probability reaches --desired-probability)")
+    max_logits: int = option(10, "most logits attributed when no --target is given (circuit-tracer's default)", low=1)
+    desired_probability: float = option(0.95, "cumulative probability of the attributed logits when no --target is "
+                                              "given (circuit-tracer's default)", low=0.0, high=1.0)
+    input_site: str = option("resid_mid", "which of the run's input SAEs give the input rows", choices=INPUT_SITES)
+    node_threshold: float = option(0.8, "keep the most influential nodes up to this share of all influence "
+                                        "(circuit-tracer's default)", low=0.0, high=1.0)
+    edge_threshold: float = option(0.98, "keep the most influential edges up to this share (circuit-tracer's default)",
+                                   low=0.0, high=1.0)
+    max_features: int = option(8192, "feature nodes at most (the weakest, by |activation| x |decoder row|, join "
+                                     "their position's error node): bounds memory", low=1)
+    n_and: int = option(3, "AND hyperedges (pairwise terms of the MLP's quadratic form) kept per output feature", low=0)
+    chunk: int = option(256, "targets carried back through the model at once", low=1, runtime=True)
+
+
+@dataclass
+class PromptGraph:
+    """One prompt's graph with what the files need."""
+
+    prompt: str
+    slug: str
+    tokens: list[str]  # display form of each prompt token
+    token_ids: list[int]
+    targets: list[str]  # display form of each attributed token
+    graph: AttributionGraph
+    node_mask: torch.Tensor  # [N] kept by pruning
+    edge_mask: torch.Tensor  # [N, N]
+    cumulative: torch.Tensor  # [N] circuit-tracer's cumulative influence share
+    replacement: float
+    completeness: float
+    sites: dict[int, str]  # layer -> input site, for the layers with SAEs
+
+
+def slug(prompt: str, taken: set[str] | None = None) -> str:
+    """A file name for a prompt: lower-case words joined by dashes, at most 60 characters, made
+    unique against `taken` with a number."""
+    base = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:60].strip("-") or "prompt"
+    name, i = base, 2
+    while taken is not None and name in taken:
+        name, i = f"{base}-{i}", i + 1
+    return name
+
+
+def encode_prompt(prompt: str, tokenizer, n_ctx: int) -> list[int]:
+    """Token ids of `prompt` after BOS (a document's start, as in training); one-line errors
+    for an empty prompt and one longer than the context."""
+    if not prompt.strip():
+        raise ValueError("--prompt is empty: give some text to attribute")
+    ids = tokenizer.encode(prompt).ids
+    bos = tokenizer.token_to_id(BOS)
+    if bos is not None:
+        ids = [bos] + ids
+    if len(ids) > n_ctx:
+        raise ValueError(f"--prompt has {len(ids)} tokens, more than the model's context of {n_ctx}: shorten it")
+    return ids
+
+
+def target_id(target: str, tokenizer) -> int:
+    """The vocabulary id of `--target`: text the tokenizer makes one token of (a word, with its
+    word-start mark), else a piece of the vocabulary as written."""
+    ids = tokenizer.encode(target).ids
+    if len(ids) == 1:
+        return ids[0]
+    direct = tokenizer.token_to_id(target)
+    if direct is not None:
+        return direct
+    pieces = [tokenizer.id_to_token(i) for i in ids]
+    raise ValueError(f"--target {target!r} is not a token of the vocabulary (it splits into {pieces})")
+
+
+def load_layer_saes(run: RunPaths, inputs: ModelInputs, input_site: str, explicit: dict[int, SAEPaths] | None,
+                    allow_hookless: bool) -> dict[int, LayerSAETensors]:
+    """The SAEs of every layer that has both sides (the run's, or the explicit ones of one layer),
+    checked to read this model's layer and site; float64."""
+    found = {}
+    for layer in range(inputs.config.n_layers):
+        paths = explicit.get(layer) if explicit else None
+        if explicit and paths is None:
+            continue
+        if paths is None and not (run.sae(layer, input_site).is_dir() and run.sae(layer, "mlp_out").is_dir()):
+            continue
+        s = layer_saes(run, inputs, layer, paths, input_site, need_output=True, allow_hookless=allow_hookless)
+        found[layer] = LayerSAETensors(s.sae_in.weights.to(torch.float64), s.input_site,
+                                       s.sae_out.weights.to(torch.float64))
+    if not found:
+        raise FileNotFoundError(f"no pairs of {input_site} and mlp_out SAEs in {run.saes}: run `train-saes` first or "
+                                "pass --sae-in and --sae-out with --layer")
+    return found
+
+
+def float64_model(inputs: ModelInputs):
+    """A float64 copy of the model (TransformerLens prints when it casts)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return copy.deepcopy(inputs.model).to(torch.float64)
+
+
+def build_graph(prompt: str, model, tokenizer, saes: dict[int, LayerSAETensors], cfg: GraphConfig,
+                taken: set[str] | None = None, progress=None) -> PromptGraph:
+    """The pruned, scored attribution graph of `prompt` (`model` in float64)."""
+    ids = encode_prompt(prompt, tokenizer, model.cfg.n_ctx)
+    tokens = torch.tensor(ids)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens.unsqueeze(0), names_filter=_frozen_hooks)
+    last = logits[0, -1]
+    if cfg.target is not None:
+        targets = torch.tensor([target_id(cfg.target, tokenizer)])
+    else:
+        probs = torch.softmax(last, -1)
+        top = probs.topk(min(cfg.max_logits, probs.shape[0]))
+        cut = int(torch.searchsorted(top.values.cumsum(0), torch.tensor(cfg.desired_probability, dtype=probs.dtype))) + 1
+        targets = top.indices[:cut]
+    m = model_tensors(model)
+    frozen = frozen_from_cache(tokens, cache, model.cfg.n_layers)
+    graph = attribute(m, frozen, saes, targets, max_features=cfg.max_features, n_and=cfg.n_and, chunk=cfg.chunk,
+                      progress=progress)
+    node_mask, edge_mask, cumulative = prune(graph, cfg.node_threshold, cfg.edge_threshold)
+    replacement, completeness = scores(graph)
+    return PromptGraph(prompt=prompt, slug=slug(prompt, taken), tokens=[_display(tokenizer, i) for i in ids],
+                       token_ids=ids, targets=[_display(tokenizer, int(i)) for i in targets], graph=graph,
+                       node_mask=node_mask, edge_mask=edge_mask, cumulative=cumulative, replacement=replacement,
+                       completeness=completeness, sites={layer: s.site for layer, s in saes.items()})
+
+
+def _frozen_hooks(name: str) -> bool:
+    return name.endswith(("hook_pattern", "hook_scale"))
+
+
+def _display(tokenizer, token: int) -> str:
+    piece = tokenizer.id_to_token(token)
+    return display_token(piece) if piece is not None else str(token)
+
+
+def read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
+    """The prompts of `--prompt` or `--prompts FILE` (one per line, blank lines skipped)."""
+    if (prompt is None) == (prompts is None):
+        raise ValueError("give one of --prompt TEXT and --prompts FILE")
+    if prompt is not None:
+        return [prompt]
+    if not Path(prompts).is_file():
+        raise FileNotFoundError(f"--prompts {prompts}: no such file")
+    lines = [line.strip() for line in Path(prompts).read_text(encoding="utf-8").splitlines()]
+    found = [line for line in lines if line]
+    if not found:
+        raise ValueError(f"--prompts {prompts} holds no prompt (every line is empty)")
+    return found
