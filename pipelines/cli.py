@@ -408,11 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_features)
 
     p = sub.add_parser("verdicts", help="rank circuits, find group gates, ablate and judge them",
-                       description="After `circuits` and `features`: flag split pairs and rank each layer's circuit "
-                                   "candidates (circuit_rank), form groups of inputs (what an eigenvector reads; "
-                                   "label classes) and measure their gates on held-out tokens, ablate the best "
-                                   "candidates in the model, and write gate_ablation, group_gates, group_truth, "
-                                   "group_ablation and gate_verdicts under OUT/tables/.")
+                       description="After `circuits` and `features`: form groups of inputs (what an eigenvector "
+                                   "reads; label classes) and measure their gates on held-out tokens, test every "
+                                   "pair and group gate by exact layer-local intervention, type and rank them "
+                                   "(circuits.gates), confirm the best by ablation in the model on tokens the "
+                                   "ranking never read, and write pair_gates, gate_ablation, group_gates, "
+                                   "group_truth, group_ablation and gate_verdicts under OUT/tables/.")
     _model_options(p, ray=True)
     add_job(p, VerdictsJob)
     p.add_argument("--show", type=int, default=8, help="candidates per layer and kind printed (default: %(default)s)")

@@ -41,7 +41,7 @@ def gate(out, a, b, score, cosine=0.1, lift=1.5, gate_type="additive", **extra) 
 def rank_pairs(pairs: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
     """The verdicts stage's pair ranking (judge_layer), ranked rows only, best first."""
     same, evidence = pair_split_evidence(pairs, facts, cfg)
-    ranked = rank(pairs.assign(same_top_token=same), evidence, ["in_a", "in_b"])
+    ranked = rank(pairs.assign(same_top_token=same), evidence, ["in_a", "in_b"], cfg)
     return ranked[ranked["circuit_rank"].notna()].sort_values("circuit_rank").reset_index(drop=True)
 
 
@@ -185,7 +185,7 @@ def test_group_ranking_takes_each_outputs_best_and_puts_splits_last():
                           "causal_score": [0.2, 0.4, 0.5, np.nan, 0.3],
                           "gate_type": ["additive", "and", "additive", "untested", "and"]})
     evidence = np.array([False, False, True, False, True])  # output 4's evidence is outweighed: it is an and
-    ranked = rank(gates, evidence, ["group_a", "group_b"])
+    ranked = rank(gates.assign(and_data=0.9), evidence, ["group_a", "group_b"], CFG)
     assert ranked["circuit_rank"].tolist() == [pd.NA, 1, 3, pd.NA, 2]
     assert ranked["split_pair"].tolist() == [False, False, True, False, False]
 

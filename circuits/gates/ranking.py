@@ -17,8 +17,11 @@ A group gate is split when split member pairs carry most of the cross terms betw
 groups (`split_share >= 0.5`, evidence as above per member pair), and its type is not `and`.
 
 Ranking. Candidates are ordered by cause: every `and` (`circuits.gates.types`: each side
-necessary, the cross term carrying the output) before every other type, and within each by
-`causal_score`. Each output's *circuit candidate*, among its candidates of one kind (pairs,
+necessary, the cross term carrying the output) that the data do not contradict before every
+other candidate, and within each by `causal_score`. The data contradict an and when the
+output's truth table on held-out tokens says it fires about as strongly with one side off
+(`and_data` below its threshold): the interventions only see tokens where both sides are
+on, where inputs that merely interfere with the one the output reads can look necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs,
 or group gates), is its first in that order that is not split (its first split one when it
 has no other). `circuit_rank` ranks the circuit candidates of a layer in that order, and
 after them the split candidates that come before their output's circuit candidate, so that

@@ -15,8 +15,8 @@ from circuits.weights import from_hooked_transformer
 from pipelines.analysis.ablation import confirm
 from pipelines.analysis.group_gates import group_tables
 from pipelines.analysis.interventions import LayerCache, intervention_columns, necessary_members
-from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, pair_split_evidence, rank, to_ablate,
-                                         verdict_rows)
+from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, pair_candidates, pair_split_evidence, rank,
+                                         to_ablate, verdict_rows)
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
 from pipelines.schemas import TABLES
@@ -38,14 +38,12 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     local = LayerIntervention(mlp.to(sae_in.W_dec.dtype), sae_in.W_dec, sae_out, saes.input_site)
     keys = {"layer": layer, "outputs": "sae", "input_site": saes.input_site}
 
-    pairs = circuits["gates"][["out_feature", "in_a", "in_b", "gate_score", "and_data", "contribution_share",
-                               "coactivation", "coactivation_lift", "input_cosine", "n_both", "n_a_only",
-                               "n_b_only"]].reset_index(drop=True)
+    pairs = pair_candidates(circuits["gates"], circuits["interactions"], cfg)
     pair_sides = Sides.of_pairs(*(torch.tensor(pairs[c].to_numpy(dtype=np.int64)) for c in ("out_feature", "in_a",
                                                                                             "in_b")))
     pairs = pd.concat([pairs, intervention_columns(local, cache, pair_sides, cfg)], axis=1)
     same, evidence = pair_split_evidence(pairs, facts, cfg)
-    pairs = rank(pairs.assign(same_top_token=same), evidence, ["in_a", "in_b"]).assign(**keys)
+    pairs = rank(pairs.assign(same_top_token=same), evidence, ["in_a", "in_b"], cfg).assign(**keys)
 
     group_gates, group_truth = group_tables(
         mlp, sae_in, sae_out.W_enc.T, input_site=saes.input_site, layer=layer, eigen=circuits["eigen"],
@@ -56,7 +54,7 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
                                       list(group_gates["members_b"]))
         group_gates = pd.concat([group_gates.reset_index(drop=True), intervention_columns(local, cache, group_sides, cfg)],
                                 axis=1).assign(**necessary_members(local, cache, group_sides, cfg))
-        group_gates = rank(group_gates, group_gates["split_pair"].to_numpy(dtype=bool), ["group_a", "group_b"])
+        group_gates = rank(group_gates, group_gates["split_pair"].to_numpy(dtype=bool), ["group_a", "group_b"], cfg)
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 
     first = verdict_rows(pairs, group_gates, None, None, facts, cfg)

@@ -61,6 +61,7 @@ class VerdictConfig(Config):
     max_members: int = option(8, "inputs per eigenvector's reading set (its strongest reads; at most the circuits "
                                  "stage's n_eigen_inputs are stored)", low=2, high=MAX_MEMBERS)
     n_interactions: int = option(10, "strongest cross terms per output that can join two label groups", low=0)
+    n_self: int = option(4, "inputs of an output's strongest self terms whose pairs are tested too", low=0)
     label_share: float = option(0.5, "an input is in a label class's group with at least this share of its activation "
                                      "on the class's tokens", low=0.0, high=1.0)
     label_lift: float = option(1.5, "... and that share at least this many times the class's share of all tokens",
@@ -90,7 +91,7 @@ class VerdictConfig(Config):
     boost_sd: float = option(1.0, "least boost (sd) of the other class's words for a negation gate", low=0.0)
     n_ablate: int = option(8, "best pairs, and best group gates, per layer by circuit_rank confirmed by ablation in "
                               "the model (plus each layer's best negation gate of each kind)", low=0)
-    ablate_tokens: int = option(256, "confirmation tokens per ablated candidate: a seeded sample of those where both "
+    ablate_tokens: int = option(64, "confirmation tokens per ablated candidate: a seeded sample of those where both "
                                      "sides are on and the output is active", low=1)
     seed: int = seed_option("seeds the token samples and the ranking/confirmation split")
 
@@ -184,6 +185,29 @@ def has_negation_labels(labels: pd.DataFrame | None) -> bool:
 # ------------------------------------------------------------------ pairs
 
 
+PAIR_COLUMNS = ["out_feature", "in_a", "in_b", "gate_score", "and_data", "contribution_share", "coactivation",
+                "coactivation_lift", "input_cosine", "n_both", "n_a_only", "n_b_only"]
+
+
+def pair_candidates(gates: pd.DataFrame, interactions: pd.DataFrame | None, cfg: VerdictConfig) -> pd.DataFrame:
+    """The pairs to test: every pair of `gates`, and per output the pairs of its
+    `n_interactions` strongest cross terms and of the inputs of its `n_self` strongest self
+    terms (an OR or an inhibition has a negative cross term, an additive output none: the
+    gates' AND-minded candidates miss them). Columns `PAIR_COLUMNS`, null where `gates` has
+    no row."""
+    found = [gates[PAIR_COLUMNS]]
+    if interactions is not None and len(interactions):
+        cross = interactions[(interactions["kind"] == "cross") & (interactions["rank"] <= cfg.n_interactions)]
+        found.append(pd.DataFrame({"out_feature": cross["out_feature"], "in_a": cross[["in_a", "in_b"]].min(axis=1),
+                                   "in_b": cross[["in_a", "in_b"]].max(axis=1)}))
+        own = interactions[(interactions["kind"] == "self") & (interactions["rank"] <= cfg.n_self)]
+        both = own.merge(own, on="out_feature")
+        both = both[both["in_a_x"] < both["in_a_y"]]
+        found.append(pd.DataFrame({"out_feature": both["out_feature"], "in_a": both["in_a_x"], "in_b": both["in_a_y"]}))
+    pairs = pd.concat(found, ignore_index=True).drop_duplicates(["out_feature", "in_a", "in_b"])
+    return pairs.astype({"out_feature": "int64", "in_a": "int64", "in_b": "int64"}).reset_index(drop=True)
+
+
 def pair_split_evidence(frame: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> tuple[np.ndarray, np.ndarray]:
     """`same_top_token` and the split rule's correlational evidence (`circuits.gates.ranking`)
     of the pairs `in_a, in_b` of `frame`, with their `input_cosine` and `coactivation_lift`."""
@@ -194,14 +218,16 @@ def pair_split_evidence(frame: pd.DataFrame, facts: InputFacts, cfg: VerdictConf
     return same, evidence
 
 
-def rank(frame: pd.DataFrame, evidence: np.ndarray, tiebreak: list[str]) -> pd.DataFrame:
+def rank(frame: pd.DataFrame, evidence: np.ndarray, tiebreak: list[str], cfg: VerdictConfig) -> pd.DataFrame:
     """`split_pair` and `circuit_rank` (null when not ranked) of one layer's candidates of one
-    kind, by the gate home's rule (`circuits.gates.ranking`)."""
+    kind, by the gate home's rule (`circuits.gates.ranking`; an and is contradicted by
+    `and_data < cfg.and_data`)."""
     split = is_split(evidence, frame["gate_type"].to_numpy(dtype=object))
     order = np.empty(len(frame), dtype=np.int64)  # each row's place in the order of the tiebreak columns
     order[np.lexsort([frame[c].to_numpy() for c in reversed(tiebreak)])] = np.arange(len(frame))
     ranks = circuit_ranks(frame["out_feature"].to_numpy(), frame["causal_score"].to_numpy(dtype=float),
-                          frame["gate_type"].to_numpy(dtype=object) == "and", split, order)
+                          (frame["gate_type"].to_numpy(dtype=object) == "and")
+                          & ~(frame["and_data"].to_numpy(dtype=float) < cfg.and_data), split, order)
     return frame.assign(split_pair=split, circuit_rank=pd.array(np.where(ranks > 0, ranks, None), dtype="Int64"))
 
 
