@@ -5,16 +5,18 @@
 
 Copies RUN (a finished demo run: circuits and features done) once per code tree, without its
 verdicts tables and stamps, and runs `verdicts` there with each tree first on the path, in its
-own process, one after the other. Prints per tree the stage's wall time, the candidates it
-judged causally (the old code: those it ablated in the model; the new: every pair and group
-gate tested by intervention with enough tokens, and those ablated), candidates judged per
-second, and the ratio of the two times.
+own process, one after the other. Prints per tree the stage's wall time and CPU time (user
+and system, of its process: on a shared machine the fair measure, since wall time depends on
+what else runs), the candidates it judged causally (the old code: those it ablated in the
+model; the new: every pair and group gate tested by intervention with enough tokens, and
+those ablated), candidates judged per CPU second, and the ratio of the two CPU times.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -41,18 +43,20 @@ def fresh_copy(run: Path, target: Path) -> Path:
     return target
 
 
-def run_verdicts(code: Path, run: Path, threads: int, layers: str | None) -> float:
+def run_verdicts(code: Path, run: Path, threads: int, layers: str | None) -> tuple[float, float]:
+    """Wall and CPU seconds of the verdicts stage of `code` on `run`."""
     env = {**os.environ, "PYTHONPATH": str(code), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "WANDB_MODE": "disabled"}
     cmd = [sys.executable, "-m", "pipelines", "verdicts", "--out", str(run), "--threads", str(threads)]
     if layers:
         cmd += ["--layers", layers]
-    start = time.perf_counter()
+    cpu = lambda: (lambda u: u.ru_utime + u.ru_stime)(resource.getrusage(resource.RUSAGE_CHILDREN))  # noqa: E731
+    start, start_cpu = time.perf_counter(), cpu()
     done = subprocess.run(cmd, env=env, cwd=code, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, cpu() - start_cpu
     if done.returncode:
         raise SystemExit(f"verdicts with {code} failed:\n{done.stderr[-3000:]}")
-    return seconds
+    return seconds, cpu_seconds
 
 
 def judged(run: Path) -> dict[str, int]:
@@ -86,16 +90,18 @@ def main() -> None:
     rows = []
     for label, code in (("before", args.before), ("after", args.after)):
         copy = fresh_copy(args.run, work / f"{args.run.name}-bench-{label}")
-        seconds = run_verdicts(code.resolve(), copy, args.threads, args.layers)
+        seconds, cpu_seconds = run_verdicts(code.resolve(), copy, args.threads, args.layers)
         counts = judged(copy)
         causal = sum(v for k, v in counts.items() if k.startswith(("ablated", "tested")))
-        rows.append({"code": f"{label} ({code})", "seconds": seconds, **counts, "judged": causal,
-                     "judged per second": causal / seconds})
-        print(f"{label}: {seconds:.1f} s, {causal} candidates judged ({causal / seconds:.1f} per second)", flush=True)
+        rows.append({"code": f"{label} ({code})", "wall seconds": seconds, "CPU seconds": cpu_seconds, **counts,
+                     "judged": causal, "judged per CPU second": causal / cpu_seconds})
+        print(f"{label}: {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU, {causal} candidates judged "
+              f"({causal / cpu_seconds:.1f} per CPU second)", flush=True)
     table = pd.DataFrame(rows).set_index("code").T
     print(table.to_string())
-    print(f"speed-up of the verdicts stage: {rows[0]['seconds'] / rows[1]['seconds']:.1f}x; candidates judged per "
-          f"second: {rows[1]['judged per second'] / rows[0]['judged per second']:.0f}x")
+    print(f"speed-up of the verdicts stage: {rows[0]['CPU seconds'] / rows[1]['CPU seconds']:.1f}x in CPU time "
+          f"({rows[0]['wall seconds'] / rows[1]['wall seconds']:.1f}x in wall time); candidates judged per CPU second: "
+          f"{rows[1]['judged per CPU second'] / rows[0]['judged per CPU second']:.0f}x")
 
 
 if __name__ == "__main__":
