@@ -21,7 +21,7 @@ import torch
 from circuits.attribution import (AttributionGraph, LayerSAETensors, attribute, frozen_from_cache, model_tensors,
                                   prune, scores)
 from circuits.config import Config, option
-from circuits.sae_basis import INPUT_SITES
+from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES
 from pipelines.data.tokenizer import BOS, display_token
 from pipelines.engine.paths import RunPaths
 from pipelines.inputs import ModelInputs, SAEPaths, layer_saes
@@ -36,7 +36,7 @@ class GraphConfig(Config):
     max_logits: int = option(10, "most logits attributed when no --target is given (circuit-tracer's default)", low=1)
     desired_probability: float = option(0.95, "cumulative probability of the attributed logits when no --target is "
                                               "given (circuit-tracer's default)", low=0.0, high=1.0)
-    input_site: str = option("resid_mid", "which of the run's input SAEs give the input rows", choices=INPUT_SITES)
+    input_site: str = option(DEFAULT_INPUT_SITE, "which of the run's input SAEs give the input rows", choices=INPUT_SITES)
     node_threshold: float = option(0.8, "keep the most influential nodes up to this share of all influence "
                                         "(circuit-tracer's default)", low=0.0, high=1.0)
     edge_threshold: float = option(0.98, "keep the most influential edges up to this share (circuit-tracer's default)",
