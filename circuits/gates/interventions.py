@@ -77,9 +77,10 @@ class LayerIntervention:
         self.P_in = (W_dec * self.gain) @ mlp.W_in
 
     @torch.no_grad()
-    def evaluate(self, source: torch.Tensor, token: torch.Tensor, out: torch.Tensor, entry: torch.Tensor,
+    def evaluate(self, source: torch.Tensor, token: torch.Tensor, out: torch.Tensor | None, entry: torch.Tensor,
                  member: torch.Tensor, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """f's pre-activation and activation `[N]` each after removals.
+        """f's pre-activation and activation `[N]` each after removals (every output's,
+        `[N, n_out]`, when `out` is None).
 
         `source [U, d]`: the input SAE's site at U tokens; `token [N]`, `out [N]`: the token
         and output of each evaluation; `entry, member, coef [K]`: evaluation `entry[k]` loses
@@ -97,8 +98,25 @@ class LayerIntervention:
             factor = torch.rsqrt(r.square().mean(-1) + self.mlp.eps)[:, None]
             gate, lin = gate * factor, lin * factor
         mlp_out = (gate * lin + self.mlp.b_in) @ self.mlp.W_out + self.mlp.b_out
+        pre, act = self.sae_out.pre(mlp_out), self.sae_out.encode(mlp_out)
+        if out is None:
+            return pre, act
         rows = torch.arange(N, device=out.device)
-        return self.sae_out.pre(mlp_out)[rows, out], self.sae_out.encode(mlp_out)[rows, out]
+        return pre[rows, out], act[rows, out]
+
+    def evaluate_shared(self, source: torch.Tensor, z: torch.Tensor, token: torch.Tensor, out: torch.Tensor,
+                        members: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`evaluate` of each row removing its `members [N, M]` (-1 padding) at its token, with
+        the latents `z [N, n_in]` there; rows that remove the same active latents at the same
+        token (candidates of other outputs, or sharing a side) are computed once, for every
+        output, and read at their own."""
+        coef = _coefficients(z, members)
+        active = torch.where(coef != 0, members, torch.full_like(members, -1)).sort(1).values
+        key, inverse = torch.unique(torch.cat([token[:, None], active], 1), dim=0, return_inverse=True)
+        first = torch.zeros(len(key), dtype=torch.long, device=token.device).scatter_(
+            0, inverse, torch.arange(len(token), device=token.device))
+        pre, act = self.evaluate(source, key[:, 0], None, *side_removal(z[first], key[:, 1:]))
+        return pre[inverse, out], act[inverse, out]
 
 
 @dataclass
@@ -154,12 +172,10 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
         zt = _rows(z, token)
         out = sides.out[cand]
-        removals = {"none": (cand.new_zeros(0), cand.new_zeros(0), zt.new_zeros(0)),
-                    "a": side_removal(zt, sides.a[cand]), "b": side_removal(zt, sides.b[cand])}
-        a, b = removals["a"], removals["b"]
-        removals["ab"] = tuple(torch.cat([x, y]) for x, y in zip(a, b))
-        for r, (entry, member, coef) in removals.items():
-            pre, act = layer.evaluate(source, token, out, entry, member, coef)
+        removals = {"none": cand.new_full((len(cand), 1), -1), "a": sides.a[cand], "b": sides.b[cand]}
+        removals["ab"] = torch.cat([removals["a"], removals["b"]], 1)
+        for r, members in removals.items():
+            pre, act = layer.evaluate_shared(source, zt, token, out, members)
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
     n = torch.bincount(entries.cand, minlength=C).double()
