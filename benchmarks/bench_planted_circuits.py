@@ -1,14 +1,17 @@
 """How well the toolkit finds circuits whose answer is known: a planted bilinear layer
-(`pipelines.planted`) with group ANDs, pair ANDs, an OR, an XOR, split concepts and
-distractors in superposition, run through the circuits, features and verdicts code paths.
+(`pipelines.planted`) with group ANDs, pair ANDs, an OR, an XOR, split concepts, confounders
+(an additive output of two inputs that nearly always co-occur, a one-sided output with a
+co-occurring bystander, an inhibition) and distractors in superposition, run through the
+circuits, features and verdicts code paths.
 
 Prints, per seed and per way of forming groups (eigenvectors only; eigenvectors and label
 classes): what was found for each planted output (its circuit candidate pair and best group
-gate, their circuit ranks, the ablation verdict and what removing each side keeps), then
-the recovery figures: precision and recall of the planted ANDs among the k and 2k best
-candidates by circuit_rank (k = 4 planted ANDs), whether a split concept is ranked as a
-gate, and whether the ablations confirm every planted AND and reject every planted OR, XOR
-and split concept.
+gate, their circuit ranks, the gate_type of its planted candidate, the ablation verdict and
+what removing each side keeps), then the recovery figures: precision and recall of the
+planted ANDs among the k and 2k best candidates by circuit_rank (pairs: k = 2 planted pair
+ANDs; group gates: k = 4 planted ANDs), whether a split concept is ranked as a gate, the
+share of planted outputs typed right, and whether the ablations confirm every planted AND
+and reject every other planted output.
 
     python benchmarks/bench_planted_circuits.py [--seeds 0,1,2] [--rows 512]
 """
@@ -32,7 +35,7 @@ def run(seed: int, rows: int, groups: tuple[str, ...]) -> tuple[pd.DataFrame, di
     world = build_world(PlantedConfig(seed=seed, rows=rows))
     n_out = len(world.gates)
     tables = analyse(world, CircuitConfig(seed=seed), FeatureConfig(n_rows=rows, seed=seed),
-                     VerdictConfig(rows=rows, groups=groups, n_ablate=n_out, ablate_rows=rows, seed=seed))
+                     VerdictConfig(rows=rows, groups=groups, n_ablate=n_out, seed=seed))
     frame, summary = score(world, tables)
     return frame, summary, time.perf_counter() - start
 

@@ -75,7 +75,7 @@ def circuit_weights():
 
 
 def token_pass():
-    from circuits.gates import Candidates, GateStats
+    from circuits.gates.pairs import Candidates, GateStats
     from pipelines.lm.model import PRESETS, build_model
     from sae.activations import iter_activations
     from circuits.sites import MLP_OUT, RESID_MID

@@ -5,7 +5,7 @@ Tables (columns and types in `pipelines.schemas`, where they are written):
   `constant`) of its quadratic form in the input SAE's latents, by |coefficient|;
 - `gates`: per output, candidate AND-gate pairs with the weight-only score and, for outputs
   that are SAE features and given tokens, what each pair contributes on data
-  (`circuits.gates`), ranked per layer by that contribution;
+  (`circuits.gates.pairs`), ranked per layer by that contribution;
 - `gate_truth`: truth tables of each output's `n_truth` best data-ranked candidates (by
   default every candidate with a `gate_score`: the verdicts stage may pick any of them);
 - `eigen`: per output, the largest eigenvalues of its interaction matrix, each with its
@@ -41,7 +41,7 @@ from tqdm.auto import tqdm
 
 from circuits.bilinear import hosvd, interaction_matrices, output_constant
 from circuits.config import Config, option, seed_option
-from circuits.gates import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
+from circuits.gates.pairs import CELLS, GateStats, coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
 from circuits.sae_basis import input_basis, preactivation_offset
 from circuits.sites import DEFAULT_INPUT_SITE, check_input_site, input_gain

@@ -65,7 +65,7 @@ class DemoConfig(Config):
                                                         eval_rows=8)),
             circuits=CircuitsJob(corr_rows=64, analysis=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5)),
             features=FeaturesJob(sites=DEFAULT_SAE_SITES, description=FeatureConfig(n_rows=64)),
-            verdicts=VerdictsJob(rules=VerdictConfig(rows=64, n_ablate=2, min_cell=5, ablate_rows=64)),
+            verdicts=VerdictsJob(rules=VerdictConfig(rows=64, n_ablate=2, min_cell=5)),
             n_candidates=2,
         )
 

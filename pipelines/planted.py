@@ -11,8 +11,13 @@ hidden unit per planted output (two for an OR):
 - AND between groups: `(sum_{a in A} d_a . x) (sum_{b in B} d_b . x)`; A's members are
   alternatives (one cue of several), B's come together or alone (features of one context);
 - AND between two single inputs: `(d_a . x) (d_b . x)`;
-- OR: `(d_a . x)^2 + (d_b . x)^2`, either input suffices;
+- OR: `(d_a . x)^2 + (d_b . x)^2 - (d_a . x)(d_b . x)`, either input suffices (for equal
+  values, one input alone gives what both give);
 - XOR: `((d_a - d_b) . x)^2`, one input without the other;
+- additive: `(d_a . x)^2 + (d_b . x)^2` of two inputs that nearly always occur together (so
+  correlational statistics see an AND);
+- one-sided: `(d_a . x)^2` with a bystander b that nearly always occurs with a;
+- inhibition: `(d_a . x)((d_a - 0.6 d_b) . x)`, b lowers what a gives;
 - split concepts: one concept written as two latents with near-parallel directions, nearly
   always active together on one frequent token, read as `((d_a + d_b) . x)^2`;
 
@@ -61,7 +66,7 @@ class Gate:
     """A planted output: what it computes from which inputs."""
 
     name: str
-    kind: str  # and | or | xor | split | distractor
+    kind: str  # and | or | xor | additive | one-sided | inhibition | split | distractor
     output: int
     side_a: tuple[int, ...]
     side_b: tuple[int, ...]
@@ -69,6 +74,12 @@ class Gate:
     @property
     def is_and(self) -> bool:
         return self.kind == "and"
+
+    @property
+    def expected_types(self) -> tuple[str, ...]:
+        """The `gate_type`s (`circuits.gates.types`) right for this output: a split concept's two
+        latents are anything but an and."""
+        return EXPECTED_TYPES[self.kind]
 
 
 @dataclass
@@ -84,7 +95,12 @@ class PlantedWorld:
 # the planted structure: (name, kind, size of side a, size of side b)
 STRUCTURE = [("group AND 1", "and", 3, 3), ("group AND 2", "and", 2, 4), ("pair AND 1", "and", 1, 1),
              ("pair AND 2", "and", 1, 1), ("OR", "or", 1, 1), ("XOR", "xor", 1, 1), ("split 1", "split", 1, 1),
-             ("split 2", "split", 1, 1)]
+             ("split 2", "split", 1, 1), ("additive", "additive", 1, 1), ("one-sided", "one-sided", 1, 1),
+             ("inhibition", "inhibition", 1, 1)]
+EXPECTED_TYPES = {"and": ("and",), "or": ("or",), "xor": ("xor-like", "inhibition"), "additive": ("additive",),
+                  "one-sided": ("one-sided",), "inhibition": ("inhibition",),
+                  "split": ("or", "additive", "one-sided", "neither"), "distractor": ("one-sided", "neither")}
+TOGETHER = 0.95  # how often an additive output's two inputs, and a one-sided output's bystander, come together
 SPLIT_TOKENS = 3  # per split concept: its frequent token (both latents), and one rare token per latent
 
 
@@ -120,22 +136,27 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
 
     n_out = len(gates)
     U = torch.linalg.qr(torch.randn(d, n_out, generator=gen, dtype=torch.float64))[0].T  # [n_out, d] orthonormal
-    gate_in, gate_gate = [], []
+    units = []  # (output, gate direction, in direction): each hidden unit adds (gate . x)(in . x) to its output
     for g in gates:
         read = lambda side: D[list(side)].sum(0)  # noqa: E731
+        da, db = read(g.side_a), read(g.side_b) if g.side_b else None
         if g.kind == "and":
-            gate_gate.append(read(g.side_a)), gate_in.append(read(g.side_b))
+            units.append((g.output, da, db))
         elif g.kind == "xor":
-            gate_gate.append(read(g.side_a) - read(g.side_b)), gate_in.append(read(g.side_a) - read(g.side_b))
+            units.append((g.output, da - db, da - db))
+        elif g.kind == "or":
+            units += [(g.output, da, da), (g.output, db, db), (g.output, da, -db)]
+        elif g.kind == "additive":
+            units += [(g.output, da, da), (g.output, db, db)]
+        elif g.kind == "one-sided":
+            units.append((g.output, da, da))
+        elif g.kind == "inhibition":
+            units.append((g.output, da, da - 0.6 * db))
         else:  # a split concept, or a distractor: the square of what it reads
-            gate_gate.append(read(g.side_a + g.side_b)), gate_in.append(read(g.side_a + g.side_b))
-    units = [g.output for g in gates]
-    for g in gates:  # an OR: a second unit, so that either input alone gives its own square
-        if g.kind == "or":
-            gate_gate[g.output], gate_in[g.output] = D[g.side_a[0]], D[g.side_a[0]]
-            gate_gate.append(D[g.side_b[0]]), gate_in.append(D[g.side_b[0]])
-            units.append(g.output)
-    model = build_model(ModelConfig(n_layers=1, d_model=d, n_heads=2, d_mlp=len(units), n_ctx=cfg.n_ctx,
+            both = read(g.side_a + g.side_b)
+            units.append((g.output, both, both))
+    outputs, gate_gate, gate_in = (list(column) for column in zip(*units))
+    model = build_model(ModelConfig(n_layers=1, d_model=d, n_heads=2, d_mlp=len(outputs), n_ctx=cfg.n_ctx,
                                     d_vocab=cfg.vocab, seed=cfg.seed), seed=cfg.seed).eval()
     with torch.no_grad():
         state = model.state_dict()
@@ -144,8 +165,8 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
         state["blocks.0.attn.b_O"] = torch.zeros_like(state["blocks.0.attn.b_O"])
         state["blocks.0.mlp.W_gate"] = torch.stack(gate_gate, 1).float()
         state["blocks.0.mlp.W_in"] = torch.stack(gate_in, 1).float()
-        state["blocks.0.mlp.W_out"] = U[units].float()
-        state["blocks.0.mlp.b_in"] = torch.zeros(len(units))
+        state["blocks.0.mlp.W_out"] = U[outputs].float()
+        state["blocks.0.mlp.b_in"] = torch.zeros(len(outputs))
         state["blocks.0.mlp.b_out"] = torch.zeros(d)
         model.load_state_dict(state)
 
@@ -186,10 +207,16 @@ def _codes(cfg: PlantedConfig, gates: list[Gate], distractors: list[int], rng) -
                 if rng.random() < 0.35:
                     members = [m for m in g.side_b if rng.random() < 0.6] or [rng.choice(g.side_b)]
                     codes[t, members] = value(len(members))
-            elif g.kind in ("and", "or", "xor"):
+            elif g.kind in ("and", "or", "xor", "inhibition"):
                 for m in g.side_a + g.side_b:
                     if rng.random() < 0.35:
                         codes[t, m] = value(1)[0]
+            elif g.kind in ("additive", "one-sided"):  # b nearly always with a (and, for additive, a with b)
+                a, b = g.side_a[0], g.side_b[0]
+                if rng.random() < 0.35:
+                    alone = rng.random() > TOGETHER
+                    pick = [a, b] if not alone else [a] if g.kind == "one-sided" or rng.random() < 0.5 else [b]
+                    codes[t, pick] = value(len(pick))
         on = [m for m in distractors if rng.random() < cfg.p_distractor]
         codes[t, on] = value(len(on))
     return codes
@@ -260,16 +287,17 @@ def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
 
 def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
     """Per planted output, what the toolkit made of it; and the recovery figures: precision and
-    recall of the planted ANDs among the k best candidates by circuit_rank (k = the number of
-    planted ANDs), for pairs and for group gates, whether every split concept ranks after
-    every other candidate, and whether the ablations confirm every planted AND and reject
-    every planted OR, XOR and split concept."""
+    recall of the planted ANDs among the k best candidates by circuit_rank (pairs: k = the
+    planted pair ANDs; group gates: k = every planted AND), whether every split concept ranks
+    after every other candidate, the share of planted outputs whose planted candidate gets a
+    right `gate_type`, and whether the ablations confirm every planted AND and reject every
+    other planted output."""
     verdicts = tables["gate_verdicts"]
     ands = [g for g in world.gates if g.is_and]
-    k = len(ands)
-    rows, summary = [], {"planted ANDs": k}
+    pair_ands = [g for g in ands if len(g.side_a) == len(g.side_b) == 1]
+    rows, summary = [], {"planted ANDs": len(ands), "planted pair ANDs": len(pair_ands)}
     by_output = {g.output: g for g in world.gates}
-    for kind in ("pair", "group"):
+    for kind, k in (("pair", len(pair_ands)), ("group", len(ands))):
         mine = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank")
         for n in (k, 2 * k):
             top = mine.head(n)
@@ -285,7 +313,8 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
         if g.kind == "distractor":
             continue
         row = {"planted": g.name, "kind": g.kind, "output": g.output,
-               "side a": list(g.side_a), "side b": list(g.side_b)}
+               "side a": list(g.side_a), "side b": list(g.side_b), "gate_type": planted_type(g, tables)}
+        row["type right"] = row["gate_type"] in g.expected_types
         for kind in ("pair", "group"):
             mine = verdicts[(verdicts["kind"] == kind) & (verdicts["out_feature"] == g.output)]
             if mine.empty:
@@ -300,10 +329,26 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
     frame = pd.DataFrame(rows)
     planted_ands = frame[frame["kind"] == "and"]
     others = frame[frame["kind"] != "and"]
+    summary["gate_type right (share of planted outputs)"] = float(frame["type right"].mean())
     summary["group ablation confirms every planted AND"] = bool(planted_ands["group AND"].fillna(False).all())
-    summary["group ablation rejects every planted OR, XOR and split"] = not bool(others["group AND"].fillna(False).any())
-    summary["pair ablation rejects every planted OR, XOR and split"] = not bool(others["pair AND"].fillna(False).any())
+    summary["group ablation rejects every other planted output"] = not bool(others["group AND"].fillna(False).any())
+    summary["pair ablation rejects every other planted output"] = not bool(others["pair AND"].fillna(False).any())
     return frame, summary
+
+
+def planted_type(gate: Gate, tables: dict) -> str:
+    """The `gate_type` of a planted output's own candidate: its pair in `pair_gates` (a pair
+    gate), or its best-ranked group gate whose sides match the planted ones; `missing` when
+    the toolkit never made that candidate."""
+    if len(gate.side_a) == len(gate.side_b) == 1:
+        pairs = tables["pair_gates"]
+        a, b = sorted((gate.side_a[0], gate.side_b[0]))
+        mine = pairs[(pairs["out_feature"] == gate.output) & (pairs["in_a"] == a) & (pairs["in_b"] == b)]
+        return str(mine["gate_type"].iloc[0]) if len(mine) else "missing"
+    groups = tables["group_gates"]
+    mine = groups[groups["out_feature"] == gate.output]
+    mine = mine[[_matches(gate, x, y) for x, y in zip(mine["members_a"], mine["members_b"])]]
+    return str(mine.sort_values("circuit_rank")["gate_type"].iloc[0]) if len(mine) else "missing"
 
 
 def _matches(gate: Gate, side_a, side_b) -> bool:

@@ -86,10 +86,30 @@ _ABLATED = (
         "active (at most `--ablate-tokens`)"),
     col("activation_before, activation_after, pre_before, pre_after", FLOAT,
         "the output's activation and pre-activation, means"),
-    col("pre_change_predicted", FLOAT, "the pre-activation change the weights predict from the input SAE's reconstruction"),
+    col("pre_change_predicted, activation_local", FLOAT, "the exact layer-local intervention on the same tokens "
+        "(`circuits.gates.interventions`): the pre-activation change, and the activation after"),
     col("logprob_before, logprob_after", FLOAT, "mean next-token log-probability of the output's boosted tokens"),
     col("share_a, share_b, share_other, share_bias, share_error", FLOAT,
         "share of the output's quadratic form on those tokens from each part of the MLP input (see gate_verdicts)"),
+)
+_INTERVENTIONS = (
+    col("iv_tokens", INT, "ranking tokens (never confirmation tokens) where both sides are on and the output is active "
+        "on which the candidate was tested by exact layer-local intervention (at most `--iv-tokens`; under `--min-cell`: "
+        "untested)"),
+    col("act_none, act_a, act_b, act_ab, pre_none, pre_a, pre_b, pre_ab", FLOAT,
+        "the output's mean activation and pre-activation there with nothing, side A, side B or both removed from the "
+        "MLP input (`circuits.gates.interventions`)"),
+    col("keep_a, keep_b, keep_ab, synergy", FLOAT, "`act_a / act_none`, ...: the share kept when a side leaves; "
+        "`(f - f_a - f_b + f_ab) / f`, the cross term's share (`circuits.gates.types`)"),
+    col("causal_score", FLOAT, "`clip(1 - max(keep_a, keep_b), 0, 1) * clip(synergy, 0, 1)`"),
+    col("gate_type", STR, "`and`, `or`, `additive`, `one-sided`, `inhibition`, `xor-like`, `neither` or `untested` "
+        "(`circuits.gates.types`)"),
+)
+_RANKED = (
+    col("split_pair", BOOL, "one concept split over two latents: the correlational evidence and not an `and` by "
+        "intervention (`circuits.gates.ranking`)"),
+    col("circuit_rank", INT, "rank in the layer by causal_score of each output's circuit candidate, split ones last "
+        "(`circuits.gates.ranking`; null otherwise)"),
 )
 _GROUPS = (
     col("group_a, group_b", INT, "the two input groups (ids within the layer, see group_gates)"),
@@ -206,6 +226,16 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("in_a, in_b", INT, "the pair"),
         *_ABLATED,
     )),
+    Table("pair_gates", "verdicts", "a candidate pair of `gates`, tested by intervention",
+          keys=(*_ORDER, "in_a", "in_b"), sort=(*_ORDER, "in_a", "in_b"), categories=("gate_type",), columns=(
+        col("in_a, in_b", INT, "the pair"),
+        col("gate_score, and_data, contribution_share, coactivation, coactivation_lift, input_cosine", FLOAT,
+            "as in gates"),
+        col("n_both, n_a_only, n_b_only", FLOAT, "as in gates"),
+        col("same_top_token", BOOL, "the inputs have the same features.top_token"),
+        *_INTERVENTIONS,
+        *_RANKED,
+    )),
     Table("group_gates", "verdicts", "a gate of an output between two groups of inputs",
           keys=(*_ORDER, "group_a", "group_b"), sort=(*_ORDER, "group_a", "group_b"), categories=("source",), columns=(
         *_GROUPS,
@@ -221,9 +251,12 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("and_data", FLOAT, "`(m11 - max(m10, m01, m00)) / m11` from the group truth table's means"),
         col("n_both, n_a_only, n_b_only", INT, "held-out tokens with both groups on, only A, only B"),
         col("gate_score", FLOAT, "`contribution_share * and_data`; null unless seen together and apart"),
-        col("split_share", FLOAT, "`eigen`: share of the cross terms carried by split member pairs (null for `labels`)"),
-        col("split_pair", BOOL, "the groups are one concept: `split_share >= 0.5`"),
-        col("circuit_rank", INT, "rank of the output's best group gate in the layer, split ones last (null otherwise)"),
+        col("split_share", FLOAT, "`eigen`: share of the cross terms carried by split member pairs (null for `labels`); "
+            "at least 0.5 is the split rule's evidence"),
+        *_INTERVENTIONS,
+        col("necessary_a, necessary_b", INTS, "the members whose leaving the group changes its intervention result "
+            "by at least `--prune` of the output"),
+        *_RANKED,
     )),
     Table("group_truth", "verdicts", "one cell of a group gate's truth table",
           keys=(*_ORDER, "group_a", "group_b", "cell"), sort=(*_ORDER, "group_a", "group_b"),
@@ -239,12 +272,13 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         *_GROUPS,
         *_ABLATED,
     )),
-    Table("gate_verdicts", "verdicts", "an output's circuit candidate (its best pair, or its best group gate) and the split pairs that outscore it",
+    Table("gate_verdicts", "verdicts", "an output's circuit candidate (its best pair, or its best group gate, by "
+          "causal_score) and the split candidates that outscore it",
           keys=(*_ORDER, "kind", "in_a", "in_b", "group_a", "group_b"),
           sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
           categories=("kind",), columns=(
         col("kind", STR, "`pair` or `group`"),
-        col("circuit_rank", INT, "rank in the layer among candidates of its kind: by gate_score, split pairs last"),
+        col("circuit_rank", INT, "rank in the layer among candidates of its kind: by causal_score, split ones last"),
         col("in_a, in_b", INT, "`pair`: the inputs (null for groups)"),
         col("group_a, group_b", INT, "`group`: the groups (ids of group_gates; null for pairs)"),
         col("members_a, members_b", INTS, "the inputs of each side"),
@@ -254,15 +288,19 @@ TABLES: dict[str, Table] = {t.name: t for t in (
             "alone"),
         col("same_top_token", BOOL, "`pair`: the inputs have the same features.top_token"),
         col("input_cosine, coactivation_lift", FLOAT, "`pair`: as in gates"),
-        col("split_pair", BOOL, "one concept split over two latents (pairs: the README's rule; groups: split_share >= 0.5)"),
-        col("drop_a, drop_b, drop_both", FLOAT, "share of the output's activation removed by each ablation (null if not "
-            "ablated)"),
+        col("split_pair", BOOL, "one concept split over two latents (`circuits.gates.ranking`)"),
+        col("keep_a, keep_b, keep_ab, synergy, causal_score", FLOAT, "the interventions, as in pair_gates"),
+        col("gate_type", STR, "as in pair_gates"),
+        col("necessary_a, necessary_b", INTS, "`group`: as in group_gates (null for pairs)"),
+        col("drop_a, drop_b, drop_both", FLOAT, "share of the output's activation the model-run ablation removed on "
+            "confirmation tokens (null if not ablated)"),
         col("ablation_tokens", INT, "tokens the ablations ran on"),
         col("share_a, share_b, share_other, share_bias, share_error", FLOAT,
             "share of the output's quadratic form on those tokens from side A's part of the MLP input, side B's, the "
             "other inputs', b_dec's and the SAE's reconstruction error (they add up to 1)"),
         col("truth, verdict", STR, "what the truth table says; the verdict"),
-        col("truth_and, is_and", BOOL, "the truth table says AND; the candidate behaves as an AND gate"),
+        col("truth_and, is_and", BOOL, "the truth table says AND; the candidate behaves as an AND gate (an `and` "
+            "by intervention that the model run confirms)"),
         col("negation_gate", BOOL, "one side labelled negation, the other a context class, the output boosting another "
             "class's words (null without such labels)"),
         col("out_description, a_description, b_description", STR, "the features' descriptions"),

@@ -36,8 +36,8 @@ def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
     """Each layer's best circuit candidates of each kind, then the negation gates."""
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
-        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (gate_score: contribution to the "
-              f"output's activation on held-out tokens times and_data; split pairs last){when}:")
+        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every `and` first, "
+              f"then by causal_score; split ones last; confirmed by ablation on tokens the ranking never read){when}:")
         for g in top(table, kind, n).itertuples(index=False):
             _print_candidate(g)
     if table["negation_gate"].isna().all():
@@ -50,8 +50,9 @@ def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
         _print_candidate(g)
     for kind in ("pair", "group"):
         mine = best[best["kind"] == kind]
-        print(f"negation gates ({kind}s): truth table says AND in layers {sorted(mine.loc[mine['truth_and'], 'layer'])}; "
-              f"confirmed by ablations in layers {sorted(mine.loc[mine['is_and'], 'layer'])}.")
+        print(f"negation gates ({kind}s): interventions say and in layers "
+              f"{sorted(mine.loc[mine['gate_type'] == 'and', 'layer'])}; confirmed by ablations in layers "
+              f"{sorted(mine.loc[mine['is_and'], 'layer'])}.")
 
 
 def top(verdicts: pd.DataFrame, kind: str, n: int) -> pd.DataFrame:
@@ -66,9 +67,11 @@ def _print_candidate(g) -> None:
              else f"groups {[int(m) for m in g.members_a]} ({label(g.label_a)}) x {[int(m) for m in g.members_b]} "
                   f"({label(g.label_b)})")
     split = ", a split pair" if g.split_pair else ""
-    print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: gate_score "
-          f"{g.gate_score:.3f} (contribution {g.contribution_share:.1%}, both on {g.coactivation:.0%} of its tokens, "
-          f"and_data {g.and_data:.2f}{split})")
+    print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: {g.gate_type}, "
+          f"causal_score {g.causal_score:.3f} (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both "
+          f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score {g.gate_score:.3f}{split})")
+    if g.kind == "group":
+        print(f"      necessary members: {list(g.necessary_a)} x {list(g.necessary_b)}")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
                       if pd.notna(getattr(g, "drop_" + k)))
     print(f"      verdict: {g.verdict}{'; ' + drops if drops else ''}")

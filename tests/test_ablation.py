@@ -1,5 +1,6 @@
-"""Gate ablations inside the model: with an input SAE that reconstructs its input exactly, the
-change of the output's pre-activation the weights predict equals the one measured."""
+"""The model-run confirmation: at the layer it equals the exact layer-local intervention (with
+an input SAE that reconstructs exactly, and with one that does not); its tokens are disjoint
+from the ranking's; only the MLP input changes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 import torch
 
 from circuits.weights import SAEWeights, from_hooked_transformer
-from pipelines.analysis.ablation import PARTS, Target, ablations
+from circuits.gates.interventions import Sides
+from pipelines.analysis.ablation import PARTS, confirm
+from pipelines.analysis.interventions import LayerCache
 from pipelines.data.tokens import TokenRows
 from pipelines.lm.model import PRESETS, build_model
 from sae.io import LoadedSAE
@@ -52,38 +55,66 @@ def layer_saes(model, site: str, seed: int, layer: int = 1):
     return saes, out_sae, from_hooked_transformer(model, layer)
 
 
-@pytest.mark.parametrize("site", ["resid_mid", "mlp_in"])
-def test_predicted_change_equals_measured_when_the_reconstruction_is_exact(model, site):
+def random_sae(seed: int) -> SAEWeights:
+    """An input SAE that does not reconstruct its input: the interventions must not rely on it."""
+    g = torch.Generator().manual_seed(seed)
+    return SAEWeights(W_enc=torch.randn(D, 48, generator=g), b_enc=torch.zeros(48),
+                      W_dec=torch.randn(48, D, generator=g) / 4, b_dec=torch.randn(D, generator=g) / 4, k=12)
+
+
+def cache_of(model, saes, seed=0, share=0.5):
+    return LayerCache.build(model, rows(), 16, saes, seed, share)
+
+
+TARGETS = Sides.of_groups([0, 3, 7], [[0], [2], [5, 6, 9]], [[1], [40], [38, 50]])
+NAMES = [{"out_feature": 0, "in_a": 0, "in_b": 1}, {"out_feature": 3, "in_a": 2, "in_b": 40},
+         {"out_feature": 7, "group_a": 0, "group_b": 1}]
+
+
+@pytest.mark.parametrize("site, exact", [("resid_mid", True), ("mlp_in", True), ("resid_mid", False)])
+def test_the_model_run_at_the_layer_equals_the_layer_local_intervention(model, site, exact):
     layer = 1
     saes, out_sae, mlp = layer_saes(model, site, seed=0)
-    # a pair, and two groups of inputs
-    targets = [Target(0, (0,), (1,), (("out_feature", 0), ("in_a", 0), ("in_b", 1))),
-               Target(3, (2,), (40,), (("out_feature", 3), ("in_a", 2), ("in_b", 40))),
-               Target(7, (5, 6, 9), (38, 50), (("out_feature", 7), ("group_a", 0), ("group_b", 1)))]
-    table = ablations(model, layer, saes, mlp, out_sae.W_enc.T, targets, boosted={}, rows=rows(), n_rows=16,
-                      max_tokens=100, seed=0)
-    assert len(table) == 9 and (table["n_tokens"] > 20).all() and (table["n_tokens"] <= 100).all()
+    if not exact:
+        saes = LayerSAEs(layer, LoadedSAE(random_sae(1), Path("random"), "test", (layer, site)), site, saes.sae_out)
+        targets = Sides.of_groups([0, 3], [[0], [2, 5]], [[1], [7, 11]])
+    else:
+        targets = TARGETS
+    cache = cache_of(model, saes)
+    table = confirm(model, cache, saes, mlp, targets, NAMES, boosted={}, max_tokens=100, seed=0)
+    assert len(table) == 3 * len(targets) and (table["n_tokens"] > 5).all() and (table["n_tokens"] <= 100).all()
     measured = table["pre_after"] - table["pre_before"]
-    np.testing.assert_allclose(table["pre_change_predicted"], measured, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(table["pre_change_predicted"], measured, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(table["activation_local"], table["activation_after"], rtol=1e-4, atol=1e-4)
     assert (measured.abs() > 1e-3).all()  # the ablations really changed something
-    # the parts of the MLP input split the output's quadratic form exactly; with an exact SAE
-    # there is no reconstruction error and no b_dec
+    # the parts of the MLP input split the output's quadratic form exactly
     shares = table[[f"share_{p}" for p in PARTS]]
-    np.testing.assert_allclose(shares.sum(1), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(table[["share_bias", "share_error"]], 0.0, atol=1e-5)
+    np.testing.assert_allclose(shares.sum(axis=1), 1.0, rtol=1e-6)
+    if exact:  # no reconstruction error and no b_dec
+        np.testing.assert_allclose(table[["share_bias", "share_error"]], 0.0, atol=1e-5)
 
 
-def test_ablation_tokens_are_a_seeded_sample_of_the_eligible_ones(model):
-    layer = 1
+def test_confirmation_and_ranking_tokens_are_disjoint_seeded_samples(model):
     saes, out_sae, mlp = layer_saes(model, "resid_mid", seed=1)
-    target = [Target(0, (0,), (1,), (("out_feature", 0), ("in_a", 0), ("in_b", 1)))]
-    run = lambda seed, n: ablations(model, layer, saes, mlp, out_sae.W_enc.T, target, boosted={}, rows=rows(), n_rows=16,  # noqa: E731
-                                    max_tokens=n, seed=seed)
-    everything = run(0, 10_000)
-    few, same, other = run(0, 30), run(0, 30), run(1, 30)
-    assert (few["n_tokens"] == 30).all() and everything["n_tokens"].iloc[0] > 30
-    pd.testing.assert_frame_equal(few, same)
-    assert not np.allclose(few["activation_before"], other["activation_before"])
+    cache = cache_of(model, saes, seed=0, share=0.3)
+    share = float(cache.confirm.double().mean())
+    assert 0.2 < share < 0.4
+    assert torch.equal(cache.confirm, cache_of(model, saes, seed=0, share=0.3).confirm)
+    assert not torch.equal(cache.confirm, cache_of(model, saes, seed=1, share=0.3).confirm)
+    ranking, confirming = cache.sample(TARGETS, False, 30, 0), cache.sample(TARGETS, True, 30, 0)
+    assert not cache.confirm[ranking.token].any() and cache.confirm[confirming.token].all()
+    assert torch.bincount(ranking.cand).max() == 30
+    again, other = cache.sample(TARGETS, False, 30, 0), cache.sample(TARGETS, False, 30, 1)
+    assert torch.equal(again.token, ranking.token) and not torch.equal(other.token, ranking.token)
+
+
+def test_the_downstream_log_probability_is_measured(model):
+    saes, out_sae, mlp = layer_saes(model, "resid_mid", seed=0)
+    table = confirm(model, cache_of(model, saes), saes, mlp, TARGETS, NAMES, boosted={0: [5, 6], 7: [9]},
+                    max_tokens=50, seed=0)
+    mine = table[table["out_feature"].isin([0, 7])]
+    assert mine["logprob_before"].notna().all() and (mine["logprob_after"] != mine["logprob_before"]).all()
+    assert table[table["out_feature"] == 3]["logprob_before"].isna().all()
 
 
 def test_only_the_mlp_input_changes(model):
@@ -91,14 +122,15 @@ def test_only_the_mlp_input_changes(model):
     MLP as it was: resid_post changes exactly by the change of mlp_out."""
     from pipelines.analysis.ablation import _run
 
-    layer, site = 1, "resid_mid"
-    tokens = torch.from_numpy(rows().tokens[:4])
-    clean = _run(model, layer, tokens, site, model.blocks[layer].ln2.w, float(model.cfg.eps), None)
-    removal = torch.zeros_like(clean["input"])
-    removal[:, 5:9] = 0.7 * clean["input"][:, 5:9]
-    changed = _run(model, layer, tokens, site, model.blocks[layer].ln2.w, float(model.cfg.eps), removal)
+    saes, _, _ = layer_saes(model, "resid_mid", seed=0)
+    cache = cache_of(model, saes)
+    resid = cache.resid_pre[:4]
+    clean = _run(model, cache, saes, resid, None)
+    removal = torch.zeros_like(resid)
+    removal[:, 5:9] = 0.7 * clean["resid_mid"][:, 5:9]
+    changed = _run(model, cache, saes, resid, removal)
     assert torch.equal(changed["resid_mid"], clean["resid_mid"])  # the MLP's input changed, not resid_mid
-    untouched = torch.ones(tokens.shape, dtype=torch.bool)
+    untouched = torch.ones(resid.shape[:2], dtype=torch.bool)
     untouched[:, 5:9] = False
     torch.testing.assert_close(changed["mlp_out"][untouched], clean["mlp_out"][untouched])
     assert not torch.allclose(changed["mlp_out"][:, 5:9], clean["mlp_out"][:, 5:9])

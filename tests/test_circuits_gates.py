@@ -1,4 +1,4 @@
-"""Data-grounded gate statistics (`circuits.gates.GateStats`, through `analyse_layer`).
+"""Data-grounded gate statistics (`circuits.gates.pairs.GateStats`, through `analyse_layer`).
 
 Planted layers whose gates are known in advance (an AND, ORs, XORs, built from hand-made
 bilinear units on orthonormal input directions) and tokens whose on/off cells are planted in
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
-from circuits.gates import CELLS, Candidates, GateStats
+from circuits.gates.pairs import CELLS, Candidates, GateStats
 
 F64 = torch.float64
 D = 10

@@ -1,4 +1,4 @@
-"""Group gates (`circuits.groups`): every statistic against its definition on random tokens,
+"""Group gates (`circuits.gates.groups`): every statistic against its definition on random tokens,
 and a planted AND between two groups found as the best split of a reading set."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from circuits.gates import pair_coefficients
-from circuits.groups import GroupStats, ReadSetStats, pair_slots, splits
+from circuits.gates.pairs import pair_coefficients
+from circuits.gates.groups import GroupStats, ReadSetStats, pair_slots, splits
 from circuits.sae_basis import input_basis
 from circuits.weights import MLPWeights
 

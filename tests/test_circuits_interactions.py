@@ -10,7 +10,7 @@ import torch
 
 from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
 from circuits.bilinear import interaction_matrices
-from circuits.gates import coactive_pairs, merge_candidates, pair_coefficients
+from circuits.gates.pairs import coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
 from circuits.sae_basis import project
 from circuits.spectra import ActiveCorrelation, lowrank_at

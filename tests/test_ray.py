@@ -27,7 +27,7 @@ STAGES = [
     ["train-saes", "--train-tokens", "20480", "--batch-size", "1024", "--k", "4", "--buffer-tokens", "4096"],
     ["circuits", "--top-n", "8", "--max-rank", "4", "--corr-rows", "32", "--min-active", "3"],
     ["features", "--rows", "32"],
-    ["verdicts", "--rows", "32", "--min-cell", "3", "--ablate-rows", "32", "--n-ablate", "2"],
+    ["verdicts", "--rows", "32", "--min-cell", "3", "--n-ablate", "2"],
 ]
 CIRCUIT_TABLES = ["interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "lowrank_samples"]
 PART = "resid_mid-sae"  # the file of a layer's tables for SAE inputs at resid_mid and SAE outputs

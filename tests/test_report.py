@@ -24,7 +24,7 @@ HEADINGS = ["Model and corpus", "SAEs", "Low-rank correlations per layer", "Circ
 KINDS = {"pair": "Input pairs", "group": "Group gates"}
 N_CANDIDATES = 3
 SMALL = ["--dpi", "40", "--n-candidates", str(N_CANDIDATES)]
-VERDICTS = ["--rows", "48", "--n-ablate", "2", "--min-cell", "3", "--ablate-rows", "48"]
+VERDICTS = ["--rows", "48", "--n-ablate", "2", "--min-cell", "3"]
 VERDICT_TABLES = ("gate_ablation", "group_gates", "group_truth", "group_ablation", "gate_verdicts")
 
 

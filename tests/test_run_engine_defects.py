@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 TINY_LM = ["--preset", "tiny", "--train-tokens", "40000", "--vocab-size", "600"]
 TINY_SAES = ["--train-tokens", "40960", "--k", "4"]
 CIRCUITS = ["--top-n", "10", "--max-rank", "4", "--corr-rows", "64"]
-VERDICTS = ["--rows", "64", "--n-ablate", "2", "--min-cell", "5", "--ablate-rows", "64"]
+VERDICTS = ["--rows", "64", "--n-ablate", "2", "--min-cell", "5"]
 
 
 def _ok(argv: list[str]) -> None:

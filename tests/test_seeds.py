@@ -18,7 +18,7 @@ STAGES = {
     "train-saes": ["--train-tokens", "20480", "--batch-size", "1024", "--k", "4", "--buffer-tokens", "4096"],
     "circuits": ["--top-n", "8", "--max-rank", "4", "--corr-rows", "32", "--min-active", "3", "--n-samples", "4"],
     "features": ["--rows", "32", "--n-samples", "2"],
-    "verdicts": ["--rows", "32", "--min-cell", "3", "--ablate-rows", "32", "--ablate-tokens", "6", "--n-ablate", "2"],
+    "verdicts": ["--rows", "32", "--min-cell", "3", "--ablate-tokens", "6", "--n-ablate", "2"],
 }
 TABLES = ["sae_metrics", "interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "lowrank_samples",
           "features", "feature_labels", "gate_ablation", "group_gates", "group_truth", "group_ablation", "gate_verdicts"]

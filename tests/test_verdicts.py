@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, rank_groups,
-                                         rank_pairs, reading_sets, split_pairs, to_ablate, verdict_rows)
+from circuits.gates.ranking import split_evidence
+from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, pair_split_evidence, rank,
+                                         reading_sets, to_ablate, verdict_rows)
 
 CFG = VerdictConfig()
 KEYS = {"layer": 0, "outputs": "sae", "input_site": "resid_mid"}
@@ -27,11 +28,21 @@ def feature_labels(shares: dict[tuple[int, str, str], tuple[float, float]]) -> p
                          for (f, ch, cl), (v, lift) in shares.items()])
 
 
-def gate(out, a, b, score, cosine=0.1, lift=1.5, **extra) -> dict:
-    row = {**KEYS, "out_feature": out, "in_a": a, "in_b": b, "gate_score": score, "input_cosine": cosine,
-           "coactivation_lift": lift, "contribution_share": score, "coactivation": 0.5, "and_data": 0.9,
-           "n_active": 200.0, "n_both": 100.0, "n_a_only": 60.0, "n_b_only": 80.0}
+def gate(out, a, b, score, cosine=0.1, lift=1.5, gate_type="additive", **extra) -> dict:
+    """A pair_gates row whose causal score is `score`."""
+    row = {**KEYS, "out_feature": out, "in_a": a, "in_b": b, "gate_score": 0.1, "input_cosine": cosine,
+           "coactivation_lift": lift, "contribution_share": 0.2, "coactivation": 0.5, "and_data": 0.9,
+           "n_active": 200.0, "n_both": 100.0, "n_a_only": 60.0, "n_b_only": 80.0, "causal_score": score,
+           "gate_type": gate_type if np.isfinite(score) else "untested", "keep_a": 0.1, "keep_b": 0.1, "keep_ab": 0.0,
+           "synergy": 0.9}
     return {**row, **extra}
+
+
+def rank_pairs(pairs: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
+    """The verdicts stage's pair ranking (judge_layer), ranked rows only, best first."""
+    same, evidence = pair_split_evidence(pairs, facts, cfg)
+    ranked = rank(pairs.assign(same_top_token=same), evidence, ["in_a", "in_b"], cfg)
+    return ranked[ranked["circuit_rank"].notna()].sort_values("circuit_rank").reset_index(drop=True)
 
 
 def test_the_split_pair_rule():
@@ -41,7 +52,8 @@ def test_the_split_pair_rule():
     lift = np.array([0.5, 3.0, 1.0, 9.0, 3.0, 1.0])
     # one top token; near-parallel and firing together; near-parallel only; firing together only;
     # a shared top-activating token and firing together; a shared top-activating token only
-    assert split_pairs(same, shared, cosine, lift, CFG).tolist() == [True, True, False, False, True, False]
+    assert split_evidence(same, shared, cosine, lift, CFG.split_lift, CFG.split_cosine).tolist() == [
+        True, True, False, False, True, False]
 
 
 def test_circuit_rank_puts_split_pairs_after_every_other_candidate():
@@ -51,15 +63,16 @@ def test_circuit_rank_puts_split_pairs_after_every_other_candidate():
         gate(11, 2, 3, 0.30),  # 'happy' x 'happy': split, and the output has nothing else
         gate(12, 1, 2, 0.20),
         gate(13, 6, 7, 0.10, cosine=0.6, lift=4.0),  # near-parallel and co-firing: split
-        gate(14, 1, 7, np.nan),  # never seen apart: not ranked at all
+        gate(14, 1, 7, np.nan),  # untested: not ranked at all
         gate(15, 8, 9, 0.15, lift=3.0),  # different top tokens, but both peak on "dad" and fire together: split
+        gate(16, 2, 3, 0.12, gate_type="and"),  # 'happy' x 'happy', but each is necessary: not split, and first
     ])
     ranked = rank_pairs(gates, facts(), CFG)
     # output 10's split pair outscores its candidate: named and ranked after every other candidate, not dropped
     assert ranked[["out_feature", "in_a", "in_b", "circuit_rank", "split_pair"]].values.tolist() == [
-        [12, 1, 2, 1, False], [10, 1, 6, 2, False], [10, 4, 5, 3, True], [11, 2, 3, 4, True], [15, 8, 9, 5, True],
-        [13, 6, 7, 6, True]]
-    assert ranked["same_top_token"].tolist() == [False, False, True, True, False, False]
+        [16, 2, 3, 1, False], [12, 1, 2, 2, False], [10, 1, 6, 3, False],
+        [10, 4, 5, 4, True], [11, 2, 3, 5, True], [15, 8, 9, 6, True], [13, 6, 7, 7, True]]
+    assert ranked["same_top_token"].tolist() == [True, False, False, True, True, False, False]
 
 
 def ablation_rows(keys: dict, drop_a: float, drop_b: float) -> list[dict]:
@@ -77,25 +90,24 @@ def verdict_of(pairs, ablation, labels=None, boost=None, cfg=CFG) -> pd.Series:
 
 
 def test_a_clean_and_is_called_an_and():
-    v = verdict_of([gate(7, 1, 6, 0.3)], ablation_rows({"out_feature": 7, "in_a": 1, "in_b": 6}, 0.9, 0.8))
-    assert v["is_and"] and v["verdict"] == "behaves as an AND gate" and v["kind"] == "pair"
+    v = verdict_of([gate(7, 1, 6, 0.3, gate_type="and")], ablation_rows({"out_feature": 7, "in_a": 1, "in_b": 6},
+                                                                         0.9, 0.8))
+    assert v["is_and"] and v["verdict"].startswith("behaves as an AND gate") and v["kind"] == "pair"
     assert v["drop_a"] == pytest.approx(0.9) and v["drop_both"] == pytest.approx(1.0)
     assert v["share_a"] == pytest.approx(0.4) and v["ablation_tokens"] == 50
     assert v["members_a"] == [1] and v["members_b"] == [6] and "negation cue" in v["a_description"]
 
 
 @pytest.mark.parametrize("change, reason", [
-    ({"n_both": CFG.min_cell - 1}, "too few tokens"),
-    ({"n_a_only": 3}, "rarely fire apart"),
-    ({"and_data": 0.4}, "OR-like"),
-    ({"drop_a": 0.2}, "removing a alone keeps 80%"),
-    ({"no_ablation": True}, "no ablation measured"),
+    ({"gate_type": "additive"}, "interventions: additive; model run: removing a keeps 10%"),
+    ({"drop_a": 0.2}, "not confirmed: model run removing a keeps 80%"),
+    ({"no_ablation": True}, "not ablated"),
+    ({"gate_type": "untested"}, "untested"),
 ])
 def test_what_fails_is_named(change, reason):
     keys = {"out_feature": 7, "in_a": 1, "in_b": 6}
     ablation = [] if change.get("no_ablation") else ablation_rows(keys, change.get("drop_a", 0.9), 0.8)
-    extra = {k: v for k, v in change.items() if k not in ("drop_a", "no_ablation")}
-    v = verdict_of([gate(7, 1, 6, 0.3, **extra)], ablation)
+    v = verdict_of([gate(7, 1, 6, 0.3, gate_type=change.get("gate_type", "and"))], ablation)
     assert not v["is_and"] and reason in v["verdict"]
 
 
@@ -170,8 +182,12 @@ def test_label_groups_are_joined_by_what_an_output_reads():
 
 def test_group_ranking_takes_each_outputs_best_and_puts_splits_last():
     gates = pd.DataFrame({"out_feature": [1, 1, 2, 3, 4], "group_a": [0, 1, 2, 3, 4], "group_b": [5, 6, 7, 8, 9],
-                          "gate_score": [0.2, 0.4, 0.5, np.nan, 0.3], "split_pair": [False, False, True, False, False]})
-    assert rank_groups(gates).tolist() == [pd.NA, 1, 3, pd.NA, 2]
+                          "causal_score": [0.2, 0.4, 0.5, np.nan, 0.3],
+                          "gate_type": ["additive", "and", "additive", "untested", "and"]})
+    evidence = np.array([False, False, True, False, True])  # output 4's evidence is outweighed: it is an and
+    ranked = rank(gates.assign(and_data=0.9), evidence, ["group_a", "group_b"], CFG)
+    assert ranked["circuit_rank"].tolist() == [pd.NA, 1, 3, pd.NA, 2]
+    assert ranked["split_pair"].tolist() == [False, False, True, False, False]
 
 
 def test_the_candidates_to_ablate():
@@ -185,14 +201,14 @@ def test_the_candidates_to_ablate():
 
 
 def test_an_input_in_two_label_groups_stays_in_the_smaller():
-    from pipelines.analysis.groups import _disjoint
+    from pipelines.analysis.group_gates import _disjoint
 
     assert _disjoint([1, 2], [1, 5, 6]) == ([1, 2], [5, 6])
     assert _disjoint([1, 5, 6], [1, 2]) == ([5, 6], [1, 2])
 
 
 def test_label_classes_with_the_same_members_make_one_gate():
-    from pipelines.analysis.groups import _one_row_per_gate
+    from pipelines.analysis.group_gates import _one_row_per_gate
 
     # lexicon=negative and sentiment=negative hold the same input: the gates they make with the
     # context group (and with negation, on the other side by name order) are one gate each
@@ -208,7 +224,7 @@ def test_label_classes_with_the_same_members_make_one_gate():
 
 
 def test_a_gate_found_twice_is_kept_once():
-    from pipelines.analysis.groups import _one_row_per_pair_of_groups
+    from pipelines.analysis.group_gates import _one_row_per_pair_of_groups
 
     # output 3: a label gate and the same groups as an eigenvector's split (sides swapped), and
     # two eigenvectors split into the same groups; output 4's gate between the same groups stays

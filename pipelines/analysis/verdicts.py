@@ -1,17 +1,12 @@
-"""Which gate candidates are circuits: split pairs, group gates, the circuit ranking, verdicts.
+"""Which gate candidates are circuits: the verdicts stage's tables from the gate home's rules.
 
-Pairs. Each output's candidate pairs come from the `gates` table (`circuits.gates`). A pair
-whose two inputs are one concept written as two latents is a *split pair*: its inputs have
-the same top token (`features.top_token`, the token carrying most of each input's
-activation), or they fire together more than chance allows (`coactivation_lift >=
-split_lift`) and either peak on a common token (one among both's `features.top_tokens`, the
-tokens of their best-activating contexts) or have near-parallel MLP-input directions
-(`input_cosine >= split_cosine`). Split pairs stay in the tables, flagged. Each output's *circuit candidate* is
-its best pair by `gate_score` that is not a split pair (its best split pair when it has no
-other), and `circuit_rank` ranks the layer's circuit candidates by `gate_score`, every split
-pair after every other candidate.
+The rules live in `circuits.gates` (one module each): the interventions that test every
+candidate (`interventions`), the gate types and the causal score (`types`), the split rule and
+the circuit ranking that pairs and group gates share (`ranking`). Here they meet the run's
+tables and the feature descriptions.
 
-Groups (`circuits.groups`). Per output, from what the corpus and the weights give:
+Pairs are every candidate of the `gates` table. Groups (`circuits.gates.groups`) are formed
+per output from what the corpus and the weights give:
 - `eigen`: each of the output's `n_eigen` eigenvectors carrying most of its activation
   (`eigen.activation_share`) reads inputs (`eigen_inputs`, |cosine| >= `min_cosine`, at most
   `max_members`); their best split into two groups is found on held-out tokens;
@@ -22,17 +17,17 @@ Groups (`circuits.groups`). Per output, from what the corpus and the weights giv
   `context=positive` group). Two label groups are a candidate of an output when one of its
   eigenvectors above reads members of both or one of its `n_interactions` strongest cross
   terms joins them; an input in both stays in the smaller group only.
-A group gate is a split when split pairs carry most of the cross terms between its groups
-(label groups of two classes are distinct concepts by construction). Group gates get a
-`circuit_rank` of their own, by the same rule.
+A group's *necessary members* are those whose leaving the group changes its intervention
+result by at least `prune` of the output (a 45-input label class is a class; the members
+active where the gate works are its side).
 
-Verdicts. A candidate (pair or groups) *behaves as an AND gate* when its truth table says the
-output needs both sides (`and_data >= and_data`, with at least `min_cell` tokens with both on
-and with each on without the other) and removing either side alone from the MLP's input
-removes at least `drop_one` of the output's activation. Otherwise the verdict names what
-failed. With negation and context labels, a candidate is a *negation gate* when one side is
-labelled `negation`, the other `context=C`, and the output boosts the lexicon words of a
-class other than C by at least `boost_sd`.
+Verdicts. The `n_ablate` best candidates of each kind per layer by `circuit_rank` (and, with
+negation and context labels, the best negation gate of each kind) are ablated in the model
+on confirmation tokens the ranking never read (`pipelines.analysis.ablation`). A candidate
+*behaves as an AND gate* when its interventions type it `and` and the model run confirms
+it: removing either side alone keeps at most `need` of the output. A candidate is a
+*negation gate* when one side is labelled `negation`, the other `context=C`, and the output
+boosts the lexicon words of a class other than C by at least `boost_sd`.
 """
 
 from __future__ import annotations
@@ -43,7 +38,8 @@ import numpy as np
 import pandas as pd
 
 from circuits.config import Config, option, seed_option
-from circuits.groups import MAX_MEMBERS
+from circuits.gates.groups import MAX_MEMBERS
+from circuits.gates.ranking import circuit_ranks, is_split, split_evidence
 from circuits.sites import OUTPUT_SITE
 
 NEGATION = "negation"
@@ -56,7 +52,7 @@ SOURCES = ("eigen", "labels")
 class VerdictConfig(Config):
     """How gate candidates are ranked, grouped, ablated and judged."""
 
-    rows: int = option(1024, "held-out rows for the group statistics", low=1)
+    rows: int = option(1024, "held-out rows cached for the group statistics, the interventions and the confirmation", low=1)
     groups: tuple[str, ...] = option(SOURCES, "input groups formed: eigen (inputs a top eigenvector reads), labels "
                                               "(inputs mainly in one label class)")
     n_eigen: int = option(2, "eigenvectors per output, by their share of its activation, whose reads form groups", low=1)
@@ -65,6 +61,7 @@ class VerdictConfig(Config):
     max_members: int = option(8, "inputs per eigenvector's reading set (its strongest reads; at most the circuits "
                                  "stage's n_eigen_inputs are stored)", low=2, high=MAX_MEMBERS)
     n_interactions: int = option(10, "strongest cross terms per output that can join two label groups", low=0)
+    n_self: int = option(4, "inputs of an output's strongest self terms whose pairs are tested too", low=0)
     label_share: float = option(0.5, "an input is in a label class's group with at least this share of its activation "
                                      "on the class's tokens", low=0.0, high=1.0)
     label_lift: float = option(1.5, "... and that share at least this many times the class's share of all tokens",
@@ -73,19 +70,30 @@ class VerdictConfig(Config):
                                       "chance is a split pair with this input cosine or more (or a shared "
                                       "top-activating token)", low=-1.0, high=1.0)
     split_lift: float = option(2.0, "see split_cosine", low=0.0)
-    min_cell: int = option(20, "least tokens with both inputs on, and with each on without the other, for a verdict",
-                           low=1)
+    min_cell: int = option(20, "least tokens with both inputs on, and with each on without the other, for the truth "
+                                "table to speak", low=1)
     and_data: float = option(0.6, "least and_data for the truth table to say AND (an equal-weight sum of two inputs "
                                   "scores 0.5)", low=0.0, high=1.0)
-    drop_one: float = option(0.5, "least share of the output that removing either input alone must take away for "
-                                  "an AND", low=0.0, high=1.0)
+    iv_tokens: int = option(64, "ranking tokens per candidate (a seeded sample of those where both sides are on and "
+                                "the output is active) on which its sides are removed by exact layer-local "
+                                "intervention", low=1)
+    confirm_share: float = option(0.25, "share of the held-out tokens kept for the model-run confirmation (a seeded "
+                                        "hash of the position): the ranking never reads them", low=0.0, high=1.0)
+    need: float = option(0.5, "a side is necessary when removing it keeps at most this share of the output "
+                              "(gate types: circuits.gates.types)", low=0.0, high=1.0)
+    cross: float = option(0.25, "an and's cross term carries at least this share of the output (its synergy)",
+                          low=0.0, high=1.0)
+    suffice: float = option(0.7, "a side alone suffices when removing the other keeps at least this share", low=0.0)
+    matter: float = option(0.2, "a side matters when removing it takes away at least this share", low=0.0, high=1.0)
+    rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
+    prune: float = option(0.05, "a group member is necessary when its leaving the group changes the group's "
+                                "intervention result by at least this share of the output", low=0.0)
     boost_sd: float = option(1.0, "least boost (sd) of the other class's words for a negation gate", low=0.0)
-    n_ablate: int = option(8, "best pairs, and best group gates, per layer by circuit_rank ablated in the model "
-                              "(plus each layer's best negation gate of each kind)", low=0)
-    ablate_rows: int = option(256, "held-out rows searched for ablation tokens", low=1)
-    ablate_tokens: int = option(256, "tokens per ablated candidate: a seeded sample of those where both inputs are "
-                                     "on and the output is active", low=1)
-    seed: int = seed_option("seeds the sample of ablation tokens")
+    n_ablate: int = option(8, "best pairs, and best group gates, per layer by circuit_rank confirmed by ablation in "
+                              "the model (plus each layer's best negation gate of each kind)", low=0)
+    ablate_tokens: int = option(64, "confirmation tokens per ablated candidate: a seeded sample of those where both "
+                                     "sides are on and the output is active", low=1)
+    seed: int = seed_option("seeds the token samples and the ranking/confirmation split")
 
     def check(self) -> None:
         unknown = [g for g in self.groups if g not in SOURCES]
@@ -177,33 +185,50 @@ def has_negation_labels(labels: pd.DataFrame | None) -> bool:
 # ------------------------------------------------------------------ pairs
 
 
-def split_pairs(same_token: np.ndarray, shared_token: np.ndarray, cosine: np.ndarray, lift: np.ndarray,
-                cfg: VerdictConfig) -> np.ndarray:
-    """The split-pair rule (module docstring), elementwise."""
-    together = np.nan_to_num(lift, nan=0.0) >= cfg.split_lift
-    return same_token | (together & (shared_token | (np.nan_to_num(cosine, nan=-2.0) >= cfg.split_cosine)))
+PAIR_COLUMNS = ["out_feature", "in_a", "in_b", "gate_score", "and_data", "contribution_share", "coactivation",
+                "coactivation_lift", "input_cosine", "n_both", "n_a_only", "n_b_only"]
 
 
-def rank_pairs(gates: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
-    """Each output's circuit candidate (rows of `gates`, data-ranked ones only), and the
-    split pairs that outscore it, with `same_top_token`, `split_pair` and `circuit_rank`,
-    best first."""
-    ranked = gates[gates["gate_score"].notna()].copy()
-    ranked["same_top_token"] = facts.same_top_token(ranked["in_a"], ranked["in_b"])
-    ranked["split_pair"] = split_pairs(ranked["same_top_token"].to_numpy(),
-                                       facts.shared_top_token(ranked["in_a"], ranked["in_b"]),
-                                       ranked["input_cosine"].to_numpy(), ranked["coactivation_lift"].to_numpy(), cfg)
-    ranked = ranked.sort_values(["split_pair", "gate_score", "in_a", "in_b"], ascending=[True, False, True, True])
-    candidates = ranked.drop_duplicates(["layer", "out_feature"])
-    # the split pairs a ranking by gate_score alone would show before an output's candidate stay
-    # in the table, named and ranked last, so that a reader finds what was demoted and why
-    bar = ranked.join(candidates.set_index(["layer", "out_feature"])["gate_score"].rename("bar"),
-                      on=["layer", "out_feature"])["bar"]
-    demoted = ranked[ranked["split_pair"] & (ranked["gate_score"] > bar)]
-    chosen = pd.concat([candidates, demoted]).sort_values(
-        ["layer", "split_pair", "gate_score", "out_feature", "in_a", "in_b"], ascending=[True, True, False, True, True, True])
-    chosen["circuit_rank"] = chosen.groupby("layer").cumcount() + 1
-    return chosen.reset_index(drop=True)
+def pair_candidates(gates: pd.DataFrame, interactions: pd.DataFrame | None, cfg: VerdictConfig) -> pd.DataFrame:
+    """The pairs to test: every pair of `gates`, and per output the pairs of its
+    `n_interactions` strongest cross terms and of the inputs of its `n_self` strongest self
+    terms (an OR or an inhibition has a negative cross term, an additive output none: the
+    gates' AND-minded candidates miss them). Columns `PAIR_COLUMNS`, null where `gates` has
+    no row."""
+    found = [gates[PAIR_COLUMNS]]
+    if interactions is not None and len(interactions):
+        cross = interactions[(interactions["kind"] == "cross") & (interactions["rank"] <= cfg.n_interactions)]
+        found.append(pd.DataFrame({"out_feature": cross["out_feature"], "in_a": cross[["in_a", "in_b"]].min(axis=1),
+                                   "in_b": cross[["in_a", "in_b"]].max(axis=1)}))
+        own = interactions[(interactions["kind"] == "self") & (interactions["rank"] <= cfg.n_self)]
+        both = own.merge(own, on="out_feature")
+        both = both[both["in_a_x"] < both["in_a_y"]]
+        found.append(pd.DataFrame({"out_feature": both["out_feature"], "in_a": both["in_a_x"], "in_b": both["in_a_y"]}))
+    pairs = pd.concat(found, ignore_index=True).drop_duplicates(["out_feature", "in_a", "in_b"])
+    return pairs.astype({"out_feature": "int64", "in_a": "int64", "in_b": "int64"}).reset_index(drop=True)
+
+
+def pair_split_evidence(frame: pd.DataFrame, facts: InputFacts, cfg: VerdictConfig) -> tuple[np.ndarray, np.ndarray]:
+    """`same_top_token` and the split rule's correlational evidence (`circuits.gates.ranking`)
+    of the pairs `in_a, in_b` of `frame`, with their `input_cosine` and `coactivation_lift`."""
+    same = facts.same_top_token(frame["in_a"], frame["in_b"])
+    evidence = split_evidence(same, facts.shared_top_token(frame["in_a"], frame["in_b"]),
+                              frame["input_cosine"].to_numpy(dtype=float),
+                              frame["coactivation_lift"].to_numpy(dtype=float), cfg.split_lift, cfg.split_cosine)
+    return same, evidence
+
+
+def rank(frame: pd.DataFrame, evidence: np.ndarray, tiebreak: list[str], cfg: VerdictConfig) -> pd.DataFrame:
+    """`split_pair` and `circuit_rank` (null when not ranked) of one layer's candidates of one
+    kind, by the gate home's rule (`circuits.gates.ranking`; an and is contradicted by
+    `and_data < cfg.and_data`)."""
+    split = is_split(evidence, frame["gate_type"].to_numpy(dtype=object))
+    order = np.empty(len(frame), dtype=np.int64)  # each row's place in the order of the tiebreak columns
+    order[np.lexsort([frame[c].to_numpy() for c in reversed(tiebreak)])] = np.arange(len(frame))
+    ranks = circuit_ranks(frame["out_feature"].to_numpy(), frame["causal_score"].to_numpy(dtype=float),
+                          (frame["gate_type"].to_numpy(dtype=object) == "and")
+                          & ~(frame["and_data"].to_numpy(dtype=float) < cfg.and_data), split, order)
+    return frame.assign(split_pair=split, circuit_rank=pd.array(np.where(ranks > 0, ranks, None), dtype="Int64"))
 
 
 # ------------------------------------------------------------------ groups
@@ -249,16 +274,6 @@ def label_candidates(groups: dict[str, list[int]], sets: pd.DataFrame, interacti
     return pd.DataFrame(sorted(found), columns=["out_feature", "label_a", "label_b"])
 
 
-def rank_groups(group_gates: pd.DataFrame) -> pd.Series:
-    """`circuit_rank` of each output's best group gate (null for the others), split ones last."""
-    frame = group_gates[group_gates["gate_score"].notna()]
-    frame = frame.sort_values(["split_pair", "gate_score", "group_a", "group_b"], ascending=[True, False, True, True])
-    best = frame.drop_duplicates(["out_feature"]).sort_values(["split_pair", "gate_score", "out_feature"],
-                                                             ascending=[True, False, True])
-    rank = pd.Series(np.arange(1, len(best) + 1), index=best.index)
-    return rank.reindex(group_gates.index).astype("Int64")
-
-
 # ------------------------------------------------------------------ verdicts
 
 
@@ -276,17 +291,19 @@ def truth_verdict(both: float, apart: float, and_data: float, cfg: VerdictConfig
     return f"needs both inputs (and_data {and_data:.2f})", True
 
 
-def verdict(truth: str, truth_and: bool, drop_a: float, drop_b: float, cfg: VerdictConfig) -> tuple[str, bool]:
-    """The verdict from the truth table's and the ablations' findings."""
-    if not truth_and:
-        return truth, False
+def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig) -> tuple[str, bool]:
+    """The verdict from the interventions' gate type and the model-run ablation's drops."""
+    if not isinstance(gate_type, str) or gate_type == "untested":
+        return "untested: no ranking token with both sides on and the output active", False
+    said = f"interventions: {gate_type}"
     if np.isnan(drop_a) or np.isnan(drop_b):
-        return "truth table says AND; no ablation measured", False
-    weaker = min(drop_a, drop_b)
-    if weaker < cfg.drop_one:
-        side = "a" if drop_a <= drop_b else "b"
-        return f"truth table says AND, but removing {side} alone keeps {1 - weaker:.0%} of the output", False
-    return "behaves as an AND gate", True
+        return f"{said}; not ablated in the model", False
+    kept = f"removing a keeps {1 - drop_a:.0%}, b {1 - drop_b:.0%}"
+    if gate_type != "and":
+        return f"{said}; model run: {kept}", False
+    if max(1 - drop_a, 1 - drop_b) > cfg.need:
+        return f"{said}, not confirmed: model run {kept}", False
+    return f"behaves as an AND gate (model run: {kept})", True
 
 
 def _count(value) -> int:
@@ -314,13 +331,14 @@ VERDICT_KEYS = ["layer", "outputs", "input_site", "out_feature"]
 
 def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.DataFrame | None,
                  group_ablation: pd.DataFrame | None, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
-    """The `gate_verdicts` rows: every output's circuit candidate pair and best group gate."""
+    """The `gate_verdicts` rows: the ranked pairs and group gates (`circuit_rank` not null)."""
     frames = []
+    pairs = pairs[pairs["circuit_rank"].notna()] if len(pairs) else pairs
     if len(pairs):
         pair_rows = pairs.merge(drops(pair_ablation, VERDICT_KEYS + ["in_a", "in_b"]), how="left",
                                 on=VERDICT_KEYS + ["in_a", "in_b"])
         frames.append(pair_rows.assign(
-            kind="pair", group_a=pd.NA, group_b=pd.NA,
+            kind="pair", group_a=pd.NA, group_b=pd.NA, necessary_a=None, necessary_b=None,
             members_a=[[int(a)] for a in pair_rows["in_a"]], members_b=[[int(b)] for b in pair_rows["in_b"]],
             label_a=[facts.label.get(int(a)) for a in pair_rows["in_a"]],
             label_b=[facts.label.get(int(b)) for b in pair_rows["in_b"]]))
@@ -335,7 +353,7 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
     for r in rows.to_dict("records"):
         apart = min(_num(r.get("n_a_only")), _num(r.get("n_b_only")))
         truth, truth_and = truth_verdict(r.get("n_both"), apart, _num(r.get("and_data")), cfg)
-        text, is_and = verdict(truth, truth_and, _num(r.get("drop_a")), _num(r.get("drop_b")), cfg)
+        text, is_and = verdict(r.get("gate_type"), _num(r.get("drop_a")), _num(r.get("drop_b")), cfg)
         f = int(r["out_feature"])
         describe = lambda members: "; ".join(f"#{m} {facts.descriptions.get(('in', m), '')}".strip()  # noqa: E731
                                              for m in members)

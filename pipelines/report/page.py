@@ -30,8 +30,9 @@ from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_mat
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
 MEMBERS_SHOWN = 8  # input features listed per side of a candidate (the explorer lists them all)
-CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_score",
-                     "contribution_share", "coactivation", "and_data", "split_pair", "drop_a", "drop_b", "verdict",
+CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_type",
+                     "causal_score", "keep_a", "keep_b", "synergy", "gate_score", "and_data", "split_pair", "drop_a",
+                     "drop_b", "verdict",
                      "negation_gate", "out_description", "a_description", "b_description"]
 
 

@@ -86,10 +86,11 @@ def _show(args, run: RunPaths, plan: Plan, verdicts: pd.DataFrame) -> None:
 STAGE = Verdicts()
 COMMAND = Command(
     "verdicts", VerdictsJob, help="rank circuits, find group gates, ablate and judge them",
-    description="After `circuits` and `features`: flag split pairs and rank each layer's circuit candidates "
-                "(circuit_rank), form groups of inputs (what an eigenvector reads; label classes) and measure their "
-                "gates on held-out tokens, ablate the best candidates in the model, and write gate_ablation, "
-                "group_gates, group_truth, group_ablation and gate_verdicts under OUT/tables/.",
+    description="After `circuits` and `features`: form groups of inputs (what an eigenvector reads; label classes) "
+                "and measure their gates on held-out tokens, test every pair and group gate by exact layer-local "
+                "intervention, type and rank them (circuits.gates), confirm the best by ablation in the model on "
+                "tokens the ranking never read, and write pair_gates, gate_ablation, group_gates, group_truth, "
+                "group_ablation and gate_verdicts under OUT/tables/.",
     show=_show,
     options=lambda p: p.add_argument("--show", type=whole_number("--show", 0), default=8,
                                      help="candidates per layer and kind printed (default: %(default)s)"))

@@ -21,7 +21,7 @@ number, each candidate gets
 - `gate_score = contribution_share * clip(and_data, 0, 1)`, only where f was active on at
   least `min_tokens` tokens with both inputs on and each input was on without the other on
   at least as many (two features of one token always fire together: no data can say f
-  needs both). Group gates (`circuits.groups`) score the same way.
+  needs both). Group gates (`circuits.gates.groups`) score the same way.
 
 Candidate pairs are held as `[n_out, G]` index arrays padded with `valid`, so every update
 is a few gathers and `index_add`s over the (token, output) pairs where f is active.

@@ -1,6 +1,6 @@
 """Group gates of one layer: form the groups, measure them on held-out tokens, and write
-them as the `group_gates` and `group_truth` rows (see `pipelines.analysis.verdicts` for the
-rules and `circuits.groups` for the statistics)."""
+them as the `group_gates` and `group_truth` rows, before interventions and ranking (see
+`pipelines.analysis.verdicts` for the rules and `circuits.gates.groups` for the statistics)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from circuits.gates import CELLS, pair_coefficients
-from circuits.groups import GroupResult, GroupStats, ReadSetStats, pair_slots
+from circuits.gates.pairs import CELLS, pair_coefficients
+from circuits.gates.groups import GroupResult, GroupStats, ReadSetStats, pair_slots
 from circuits.layer import LayerBatch
 from circuits.sae_basis import input_basis
 from circuits.sites import input_gain
 from circuits.weights import MLPWeights, SAEWeights
-from pipelines.analysis.verdicts import (LABEL_JOIN, InputFacts, VerdictConfig, label_candidates, rank_groups,
-                                         reading_sets, split_pairs)
+from circuits.gates.ranking import split_evidence
+from pipelines.analysis.verdicts import LABEL_JOIN, InputFacts, VerdictConfig, label_candidates, reading_sets
 from pipelines.schemas import TABLES
 
 
@@ -69,7 +69,6 @@ def group_tables(mlp: MLPWeights, sae_in: SAEWeights, directions: torch.Tensor, 
         return TABLES["group_gates"].empty(), TABLES["group_truth"].empty()
     gates = pd.concat(frames, ignore_index=True)
     gates = _one_row_per_pair_of_groups(_with_group_ids(gates))
-    gates["circuit_rank"] = rank_groups(gates)
     truth = gates.explode("cells")[["out_feature", "group_a", "group_b", "cells"]]
     truth = pd.concat([truth.drop(columns="cells").reset_index(drop=True),
                        pd.DataFrame(truth["cells"].tolist(), columns=["cell", "n_tokens", "mean_activation",
@@ -156,8 +155,8 @@ def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFac
             continue
         p, a, b = (np.array(v) for v in zip(*across))
         cosine = (units[:, a] * units[:, b]).sum(0).cpu().numpy()
-        split = split_pairs(facts.same_top_token(a, b), facts.shared_top_token(a, b), cosine,
-                            lift[row, p].cpu().numpy(), cfg)
+        split = split_evidence(facts.same_top_token(a, b), facts.shared_top_token(a, b), cosine,
+                               lift[row, p].cpu().numpy(), cfg.split_lift, cfg.split_cosine)
         contribution = stats.contribution[row, p].cpu().numpy()
         total_cross = contribution.sum()
         shares.append(float(contribution[split].sum() / total_cross) if total_cross > 0 else np.nan)

@@ -5,7 +5,7 @@ one kind (negation cues; features of one context) and the AND is between the kin
 gate of output f joins two disjoint groups of inputs A and B. A group is *on* at a token when
 any of its members is active there (members of a group are alternatives: any negation cue
 will do). On held-out tokens, streamed with bounded memory, each group gate gets the
-statistics a pair gets in `circuits.gates`, with groups in place of inputs:
+statistics a pair gets in `circuits.gates.pairs`, with groups in place of inputs:
 
 - a truth table over all tokens, four cells by whether A and B are on: token counts, f's
   summed activation and the tokens where f is active; `and_data` from the cells' means;
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from circuits.gates import and_from_cells, cell_means, gate_score
+from circuits.gates.pairs import and_from_cells, cell_means, gate_score
 
 MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
 
@@ -42,7 +42,7 @@ MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
 @dataclass
 class GroupResult:
     """Statistics of group gates, one entry per gate (`[n]`, cells `[n, 4]` in the order of
-    `circuits.gates.CELLS`: both on, A only, B only, neither)."""
+    `circuits.gates.pairs.CELLS`: both on, A only, B only, neither)."""
 
     cell_tokens: torch.Tensor
     cell_sum: torch.Tensor  # f's summed activation per cell

@@ -1,0 +1,68 @@
+"""The circuit ranking of pairs and group gates, and the split rule.
+
+Split. Two input latents can be one concept written twice (a word and its feature split by
+the SAE). Such a *split pair* looks like an AND in correlational statistics: its inputs fire
+together. Co-occurrence alone does not make one concept, since the inputs of a real AND can
+co-occur too, so a pair is split only when the correlational evidence and the interventions
+agree:
+
+- evidence: the inputs have the same top token (`features.top_token`), or they fire together
+  more than chance allows (`coactivation_lift >= split_lift`) and either share a token among
+  their top-activating contexts' tokens or have near-parallel MLP-input directions
+  (`input_cosine >= split_cosine`);
+- interventions: the two stand in for each other, or at least are not each necessary: the
+  candidate's `gate_type` is not `and`. An untested candidate is judged on the evidence alone.
+
+A group gate is split when split member pairs carry most of the cross terms between its
+groups (`split_share >= 0.5`, evidence as above per member pair), and its type is not `and`.
+
+Ranking. Candidates are ordered by cause: every `and` (`circuits.gates.types`: each side
+necessary, the cross term carrying the output) that the data do not contradict before every
+other candidate, and within each by `causal_score`. The data contradict an and when the
+output's truth table on held-out tokens says it fires about as strongly with one side off
+(`and_data` below its threshold): the interventions only see tokens where both sides are
+on, where inputs that merely interfere with the one the output reads can look necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs,
+or group gates), is its first in that order that is not split (its first split one when it
+has no other). `circuit_rank` ranks the circuit candidates of a layer in that order, and
+after them the split candidates that come before their output's circuit candidate, so that
+a reader finds what was demoted and why. Untested candidates (no score) are not ranked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def split_evidence(same_token: np.ndarray, shared_token: np.ndarray, cosine: np.ndarray, lift: np.ndarray,
+                   split_lift: float, split_cosine: float) -> np.ndarray:
+    """The correlational half of the split rule (module docstring), elementwise."""
+    together = np.nan_to_num(lift, nan=0.0) >= split_lift
+    return same_token | (together & (shared_token | (np.nan_to_num(cosine, nan=-2.0) >= split_cosine)))
+
+
+def is_split(evidence: np.ndarray, gate_type: np.ndarray) -> np.ndarray:
+    """Split when the evidence says so and the interventions do not show an AND."""
+    return np.asarray(evidence, dtype=bool) & (np.asarray(gate_type, dtype=object) != "and")
+
+
+def circuit_ranks(out: np.ndarray, score: np.ndarray, is_and: np.ndarray, split: np.ndarray,
+                  tiebreak: np.ndarray) -> np.ndarray:
+    """`circuit_rank` of every candidate of one layer and kind, 0 for those not ranked
+    (module docstring). `out, score, is_and, split [n]`; `tiebreak [n]` integer order among
+    equal scores (e.g. the input index), so ties rank the same way on every run."""
+    out, split, tiebreak = np.asarray(out), np.asarray(split, dtype=bool), np.asarray(tiebreak)
+    # one key: every and above every other candidate (scores lie in [0, 1])
+    score = np.asarray(score, dtype=float)
+    key = np.nan_to_num(score, nan=-np.inf) + 2.0 * np.asarray(is_and, dtype=bool)
+    order = np.lexsort((tiebreak, -key, split, out))  # per output: unsplit first, best score first
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = out[order][1:] != out[order][:-1]
+    chosen = np.zeros(len(out), dtype=bool)
+    chosen[order[first]] = True
+    bar = dict(zip(out[order[first]], key[order[first]]))
+    demoted = split & ~chosen & (key > np.array([bar[o] for o in out]))
+    ranked = np.flatnonzero((chosen | demoted) & np.isfinite(score))
+    final = ranked[np.lexsort((tiebreak[ranked], out[ranked], -key[ranked], split[ranked]))]
+    rank = np.zeros(len(out), dtype=np.int64)
+    rank[final] = np.arange(1, len(final) + 1)
+    return rank

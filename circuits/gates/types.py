@@ -1,0 +1,102 @@
+"""Gate types and the causal score, read off a candidate's intervention truth table.
+
+`circuits.gates.interventions` gives four means of output f over a candidate's tokens: `t11`
+with both sides present, `t01` with side A removed, `t10` with B removed, `t00` with both
+removed. Any function of two binary inputs has the closed form
+
+    f(a, b) = c + alpha a + beta b + gamma a b,
+    c = t00,  alpha = t10 - t00 (A's own term),  beta = t01 - t00 (B's own term),
+    gamma = t11 - t10 - t01 + t00 (the cross term).
+
+For a bilinear layer read as a quadratic form in the MLP input, before the norm's factor and
+the output SAE's selection, `gamma` is exactly the form's cross term `2 x_A^T Q x_B`: the
+constant and each side's own terms cancel (a test checks it). Scaled by `t11`, with
+`keep_a = t01 / t11`, `keep_b = t10 / t11`, `keep_ab = t00 / t11` (the share of f kept when
+the side leaves), `synergy = gamma / t11 = 1 - keep_a - keep_b + keep_ab`.
+
+The type, first rule that holds (thresholds of `GateThresholds`):
+
+- `xor-like`: removing either side raises f (`keep_a, keep_b >= 1 + rise`): each side
+  suppresses f when the other is on;
+- `inhibition`: removing one side raises f (`keep >= 1 + rise` on one side);
+- `and`: each side is necessary (`keep_a, keep_b <= need`) and the cross term carries at
+  least `cross` of f (`synergy >= cross`; an equal-weight sum of two inputs keeps half of f
+  when either leaves, with no cross term);
+- `or`: each side alone suffices and f needs one of them (`keep_a, keep_b >= suffice`,
+  `keep_ab <= need`): own terms of both sides, `synergy` near -1;
+- `neither`: neither side matters (`keep_a, keep_b > 1 - matter`);
+- `one-sided`: one side matters, the other is a bystander (`keep > 1 - matter` on one side):
+  one own term, no cross term;
+- `additive`: both sides matter, neither necessary nor each sufficient: own terms of both,
+  their interaction in `synergy`.
+
+`untested` marks a candidate without tokens (or with `t11 <= 0`; the verdicts stage also
+marks one tested on too few tokens). The causal score,
+`clip(1 - max(keep_a, keep_b), 0, 1) * clip(synergy, 0, 1)`, is high only when both sides
+are necessary and the cross term carries much of f; `circuits.gates.ranking` ranks every
+`and` first, then by it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GATE_TYPES = ("and", "or", "additive", "one-sided", "inhibition", "xor-like", "neither", "untested")
+
+
+@dataclass(frozen=True)
+class GateThresholds:
+    """The type rule's thresholds (module docstring)."""
+
+    need: float  # a side is necessary when removing it keeps at most this share of f
+    cross: float  # an and's cross term carries at least this share of f (its synergy)
+    suffice: float  # a side alone suffices when removing the other keeps at least this share
+    matter: float  # a side matters when removing it takes away at least this share
+    rise: float  # removing a side inhibits when f rises by at least this share
+
+
+def closed_form(t11, t10, t01, t00) -> dict[str, np.ndarray]:
+    """The constant, own terms and cross term of a two-input truth table (module docstring)."""
+    t11, t10, t01, t00 = (np.asarray(t, dtype=float) for t in (t11, t10, t01, t00))
+    return {"constant": t00, "own_a": t10 - t00, "own_b": t01 - t00, "cross": t11 - t10 - t01 + t00}
+
+
+def keeps(t11, t10, t01, t00) -> dict[str, np.ndarray]:
+    """`keep_a, keep_b, keep_ab, synergy` (module docstring); NaN where `t11 <= 0` or unknown."""
+    t11 = np.asarray(t11, dtype=float)
+    usable = np.isfinite(t11) & (t11 > 0)
+    scale = np.where(usable, t11, np.nan)
+    keep = {"keep_a": np.asarray(t01, dtype=float) / scale, "keep_b": np.asarray(t10, dtype=float) / scale,
+            "keep_ab": np.asarray(t00, dtype=float) / scale}
+    keep["synergy"] = closed_form(t11, t10, t01, t00)["cross"] / scale
+    return keep
+
+
+def gate_types(keep_a, keep_b, keep_ab, limits: GateThresholds) -> np.ndarray:
+    """The type of each candidate (module docstring) from `keep_a, keep_b, keep_ab [n]`."""
+    a, b, ab = (np.asarray(k, dtype=float) for k in (keep_a, keep_b, keep_ab))
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    matters = lambda k: k <= 1 - limits.matter  # noqa: E731
+    rules = [
+        (~np.isfinite(a) | ~np.isfinite(b) | ~np.isfinite(ab), "untested"),
+        (low >= 1 + limits.rise, "xor-like"),
+        (high >= 1 + limits.rise, "inhibition"),
+        ((high <= limits.need) & (a + b - ab <= 1 - limits.cross), "and"),
+        ((low >= limits.suffice) & (ab <= limits.need), "or"),
+        (~matters(low), "neither"),
+        (~matters(high), "one-sided"),
+    ]
+    result = np.full(a.shape, "additive", dtype=object)
+    decided = np.zeros(a.shape, dtype=bool)
+    for holds, name in rules:
+        result[holds & ~decided] = name
+        decided |= holds
+    return result
+
+
+def causal_score(keep_a, keep_b, synergy) -> np.ndarray:
+    """`clip(1 - max(keep_a, keep_b), 0, 1) * clip(synergy, 0, 1)`; NaN where untested."""
+    need = np.clip(1 - np.maximum(np.asarray(keep_a, dtype=float), np.asarray(keep_b, dtype=float)), 0, 1)
+    return need * np.clip(np.asarray(synergy, dtype=float), 0, 1)

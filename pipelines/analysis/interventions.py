@@ -1,0 +1,160 @@
+"""One layer's held-out tokens, cached once, and the exact interventions on every gate candidate
+(`circuits.gates.interventions`, `circuits.gates.types`), as table columns.
+
+The cache runs the model up to the layer once per row batch and keeps, for the rows' analysed
+tokens, the input SAE's site, its latents and the output SAE's activations, and for every row
+the residual stream entering the layer (the model-run confirmation starts there). Each token
+is either a *ranking* token or a *confirmation* token, by a seeded hash of its position
+(`confirm_share` of them are confirmation tokens): the group statistics and the interventions
+that rank candidates read only ranking tokens, the model-run ablation that confirms the best
+ones only confirmation tokens, so the confirmation is a test on data the ranking never saw.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, candidate_tokens,
+                                          intervention_table, member_effects)
+from circuits.gates.types import GateThresholds, causal_score, gate_types, keeps
+from circuits.layer import LayerBatch
+from circuits.sae_basis import token_scale
+from circuits.sites import MLP_IN, MLP_OUT, hook_name
+from circuits.spectra import smallest_per_group
+from pipelines.data.tokens import TokenRows
+from pipelines.inputs import LayerSAEs
+
+IV_COLUMNS = ["iv_tokens", *(f"act_{r}" for r in REMOVALS), *(f"pre_{r}" for r in REMOVALS),
+              "keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "gate_type"]
+
+
+def confirmation_tokens(flat: torch.Tensor, seed: int, share: float) -> torch.Tensor:
+    """Whether each flat position (row * n_ctx + position) is a confirmation token: a seeded
+    hash of the position below `share`, the same on every run and for any batching."""
+    x = (flat.long() * 2654435761 + seed * 40503 + 12345) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = x ^ (x >> 16)
+    return x.double() / 2.0**32 < share
+
+
+@dataclass
+class LayerCache:
+    """One layer's analysed held-out tokens (`[T, ...]`, sparse COO latents) and its rows'
+    residual stream entering the layer (`resid_pre [rows, n_ctx, d]`)."""
+
+    layer: int
+    site: str
+    flat: torch.Tensor  # [T] row * n_ctx + position
+    source: torch.Tensor  # [T, d] the input SAE's site
+    z: torch.Tensor  # [T, n_in] input latents
+    acts: torch.Tensor  # [T, n_out] output SAE activations
+    confirm: torch.Tensor  # [T] bool: a confirmation token
+    resid_pre: torch.Tensor  # [rows, n_ctx, d]
+    tokens: torch.Tensor  # [rows, n_ctx] token ids
+    n_ctx: int
+    eps: float
+
+    @classmethod
+    @torch.no_grad()
+    def build(cls, model, rows: TokenRows, n_rows: int, saes: LayerSAEs, seed: int, confirm_share: float,
+              batch_rows: int = 32) -> "LayerCache":
+        layer, site = saes.layer, saes.input_site
+        sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
+        parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("flat", "source", "z", "acts", "resid_pre", "tokens")}
+        for part, tokens in tqdm(rows.iter_batches(batch_rows, n_rows), desc=f"layer {layer} cache", unit="batch",
+                                 total=-(-min(n_rows, len(rows)) // batch_rows)):
+            found: dict[str, torch.Tensor] = {}
+            keep = lambda name: lambda act, hook: found.__setitem__(name, act)  # noqa: E731
+            model.run_with_hooks(tokens.to(model.cfg.device), return_type=None, stop_at_layer=layer + 1, fwd_hooks=[
+                (f"blocks.{layer}.hook_resid_pre", keep("resid_pre")), (hook_name(layer, site), keep("source")),
+                (hook_name(layer, MLP_OUT), keep(MLP_OUT))])
+            if site == MLP_IN and getattr(model.blocks[layer].ln2, "w", None) is not None:
+                found["source"] = found["source"] * model.blocks[layer].ln2.w
+            where = rows.keep(tokens).to(found["source"].device)
+            n_ctx = tokens.shape[1]
+            flat = (torch.arange(part.start, part.stop)[:, None] * n_ctx + torch.arange(n_ctx)).to(where.device)
+            source = found["source"][where].to(sae_in.W_dec.dtype)
+            parts["flat"].append(flat[where])
+            parts["source"].append(source)
+            parts["z"].append(sae_in.encode(source).to_sparse())
+            parts["acts"].append(sae_out.encode(found[MLP_OUT][where].to(sae_out.W_enc.dtype)).to_sparse())
+            parts["resid_pre"].append(found["resid_pre"])
+            parts["tokens"].append(tokens)
+        flat = torch.cat(parts["flat"])
+        return cls(layer, site, flat, torch.cat(parts["source"]), torch.cat(parts["z"]).coalesce(),
+                   torch.cat(parts["acts"]).coalesce(), confirmation_tokens(flat, seed, confirm_share),
+                   torch.cat(parts["resid_pre"]), torch.cat(parts["tokens"]), rows.n_ctx, float(model.cfg.eps))
+
+    def batches(self, confirm: bool = False, size: int = 8192):
+        """A callable giving fresh `LayerBatch`es of the ranking (or confirmation) tokens."""
+        index = torch.nonzero(self.confirm == confirm)[:, 0]
+
+        def batches():
+            for start in range(0, len(index), size):
+                mine = index[start : start + size]
+                source = self.source[mine]
+                yield LayerBatch(x=source, z=self.z.index_select(0, mine).to_dense(),
+                                 scale=token_scale(source, self.eps, self.site),
+                                 acts=self.acts.index_select(0, mine).to_dense())
+
+        return batches
+
+    def sample(self, sides: Sides, confirm: bool, max_tokens: int, seed: int, size: int = 8192) -> Entries:
+        """At most `max_tokens` tokens per candidate, a seeded sample of the ranking (or
+        confirmation) tokens where its output is active and both sides are on."""
+        generator = torch.Generator().manual_seed(seed)
+        index = torch.nonzero(self.confirm == confirm)[:, 0]
+        cand, token, key = [torch.zeros(0, dtype=torch.long)] * 2 + [torch.zeros(0, dtype=torch.float64)]
+        for start in range(0, len(index), size):
+            mine = index[start : start + size]
+            found = candidate_tokens(self.z.index_select(0, mine).to_dense() != 0,
+                                     self.acts.index_select(0, mine).to_dense() != 0, sides)
+            cand, token = torch.cat([cand, found.cand]), torch.cat([token, mine[found.token]])
+            key = torch.cat([key, torch.rand(len(found.cand), generator=generator, dtype=torch.float64)])
+            best = smallest_per_group(cand, key, max_tokens)
+            cand, token, key = cand[best], token[best], key[best]
+        return Entries(cand, token)
+
+
+def thresholds(cfg) -> GateThresholds:
+    """The type rule's thresholds from a `VerdictConfig`."""
+    return GateThresholds(need=cfg.need, cross=cfg.cross, suffice=cfg.suffice, matter=cfg.matter, rise=cfg.rise)
+
+
+def intervention_columns(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg) -> pd.DataFrame:
+    """`IV_COLUMNS` of every candidate, one row each, in the order of `sides` (ranking tokens)."""
+    entries = cache.sample(sides, False, cfg.iv_tokens, cfg.seed)
+    table = intervention_table(layer, cache.source, cache.z, sides, entries)
+    frame = pd.DataFrame({"iv_tokens": table["n_tokens"].numpy().astype(np.int64),
+                          **{k: table[k].numpy() for k in table if k != "n_tokens"}})
+    frame = frame.assign(**typed(frame, cfg))
+    # a few tokens make a type by chance: a candidate tested on fewer than min_cell is untested
+    few = frame["iv_tokens"] < cfg.min_cell
+    frame.loc[few, "gate_type"], frame.loc[few, "causal_score"] = "untested", np.nan
+    return frame[IV_COLUMNS]
+
+
+def typed(frame: pd.DataFrame, cfg) -> dict[str, np.ndarray]:
+    """`keep_*`, `synergy`, `causal_score` and `gate_type` from the `act_*` columns."""
+    k = keeps(frame["act_none"], frame["act_b"], frame["act_a"], frame["act_ab"])
+    return {**k, "causal_score": causal_score(k["keep_a"], k["keep_b"], k["synergy"]),
+            "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg))}
+
+
+def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg) -> dict[str, list[list[int]]]:
+    """Per group gate, the members of each side whose leaving changes the side's intervention
+    result by at least `prune` of the output (ranking tokens)."""
+    entries = cache.sample(sides, False, cfg.iv_tokens, cfg.seed)
+    found = {}
+    for side in ("a", "b"):
+        effect = member_effects(layer, cache.source, cache.z, sides, entries, side).abs() >= cfg.prune
+        members = getattr(sides, side)
+        found[f"necessary_{side}"] = [[int(m) for m, keep in zip(row.tolist(), mask.tolist()) if keep and m >= 0]
+                                      for row, mask in zip(members, effect)]
+    return found

@@ -1,0 +1,161 @@
+"""The gate home's interventions, types and ranking (`circuits.gates`) against their
+definitions: removals recomputed from scratch, the cross-term identity of a quadratic form,
+planted truth tables, and a ranking worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from circuits.bilinear import interaction_matrices
+from circuits.gates.interventions import (Entries, LayerIntervention, Sides, candidate_tokens, intervention_table,
+                                          member_effects)
+from circuits.gates.ranking import circuit_ranks, is_split
+from circuits.gates.types import GateThresholds, causal_score, closed_form, gate_types, keeps
+from circuits.weights import MLPWeights, SAEWeights
+
+F64 = torch.float64
+D, H, N_IN, N_OUT = 12, 20, 24, 16
+
+
+def world(seed: int, k: int | None = 4, relu: bool = True):
+    g = torch.Generator().manual_seed(seed)
+    randn = lambda *s: torch.randn(*s, generator=g, dtype=F64)  # noqa: E731
+    mlp = MLPWeights(W_gate=randn(D, H) / 3, W_in=randn(D, H) / 3, W_out=randn(H, D) / 3, b_in=randn(H) / 5,
+                     b_out=randn(D) / 5, g=1 + randn(D).abs() / 2, eps=1e-5)
+    sae_out = SAEWeights(W_enc=randn(D, N_OUT), b_enc=randn(N_OUT) / 5, W_dec=randn(N_OUT, D), b_dec=randn(D) / 5,
+                         k=k, relu=relu)
+    return mlp, randn(N_IN, D), sae_out, randn
+
+
+def brute(mlp, W_dec, sae_out, site, source, removed):
+    """f's pre-activation and activation from the definitions: `removed [d]` leaves the site."""
+    if site == "resid_mid":
+        r = source - removed
+        x = mlp.g * r / torch.sqrt(r.square().mean() + mlp.eps)
+    else:
+        x = source - removed
+    out = ((x @ mlp.W_gate) * (x @ mlp.W_in) + mlp.b_in) @ mlp.W_out + mlp.b_out
+    return sae_out.pre(out), sae_out.encode(out)
+
+
+@pytest.mark.parametrize("site", ["resid_mid", "mlp_in"])
+def test_evaluate_equals_the_layer_recomputed_from_its_definition(site):
+    mlp, W_dec, sae_out, randn = world(0)
+    layer = LayerIntervention(mlp, W_dec, sae_out, site)
+    source = randn(6, D) * 2
+    token = torch.tensor([0, 1, 1, 3, 5, 5, 2])
+    # evaluation 0 removes nothing, 1 one latent, 2 three, ... (entry, member, coef)
+    entry = torch.tensor([1, 2, 2, 2, 3, 4, 4, 5, 6])
+    member = torch.tensor([3, 0, 5, 23, 7, 1, 1, 2, 9])
+    coef = randn(9)
+    removed = [(coef[entry == n, None] * W_dec[member[entry == n]]).sum(0) for n in range(len(token))]
+    # even evaluations read the output the removal leaves strongest (active), odd ones another
+    strongest = [int(brute(mlp, W_dec, sae_out, site, source[t], r)[0].argmax()) for t, r in zip(token, removed)]
+    out = torch.tensor([strongest[n] if n % 2 == 0 else (strongest[n] + 5) % N_OUT for n in range(len(token))])
+    pre, act = layer.evaluate(source, token, out, entry, member, coef)
+    for n in range(len(token)):
+        want_pre, want_act = brute(mlp, W_dec, sae_out, site, source[token[n]], removed[n])
+        torch.testing.assert_close(pre[n], want_pre[out[n]])
+        torch.testing.assert_close(act[n], want_act[out[n]])
+    assert (act == 0).any() and (act != 0).any()  # the TopK selection is exercised
+
+
+def test_synergy_of_a_quadratic_form_is_its_cross_term():
+    # on mlp_in with a linear output SAE (no TopK, no ReLU), f is the quadratic form of x
+    # plus linear and constant terms: t11 - t10 - t01 + t00 must be 2 x_A^T Q x_B exactly
+    mlp, W_dec, sae_out, randn = world(1, k=None, relu=False)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "mlp_in")
+    Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, sae_out.W_enc.T)  # [n_out, d, d]
+    z = torch.zeros(5, N_IN, dtype=F64)
+    z[:, [1, 2, 3, 8, 9]] = randn(5, 5).abs() + 0.1
+    source = z @ W_dec + randn(5, D) / 4  # an input the SAE does not reconstruct: the rest stays
+    sides = Sides.of_groups([3, 3, 11, 0, 6], [[1], [1, 2], [8], [3, 9], [2]], [[2], [8, 9], [1, 3], [1], [9]])
+    entries = Entries(cand=torch.arange(5), token=torch.arange(5))
+    table = intervention_table(layer, source, z, sides, entries)
+    cross = closed_form(table["pre_none"], table["pre_b"], table["pre_a"], table["pre_ab"])["cross"]
+    for c in range(5):
+        part = lambda members: sum(z[c, m] * W_dec[m] for m in members if m >= 0)  # noqa: E731
+        xa, xb = part(sides.a[c].tolist()), part(sides.b[c].tolist())
+        want = 2 * xa @ Q[sides.out[c]] @ xb
+        np.testing.assert_allclose(cross[c], float(want), rtol=1e-9, atol=1e-12)
+    assert np.abs(cross).min() > 1e-4
+
+
+def test_candidate_tokens_are_exactly_where_the_output_is_active_and_both_sides_on():
+    g = torch.Generator().manual_seed(2)
+    on = torch.rand(40, N_IN, generator=g) < 0.5
+    active = torch.rand(40, N_OUT, generator=g) < 0.5
+    sides = Sides.of_groups([0, 5, 5, 9, 15], [[0], [1, 2], [3], [4, 5, 6], [7]], [[1], [3], [8, 9], [10], [11]])
+    found = candidate_tokens(on, active, sides)
+    got = set(zip(found.cand.tolist(), found.token.tolist()))
+    want = {(c, t) for c in range(5) for t in range(40)
+            if active[t, sides.out[c]] and on[t, sides.a[c][sides.a[c] >= 0]].any()
+            and on[t, sides.b[c][sides.b[c] >= 0]].any()}
+    assert got == want and len(found.cand) == len(want) and len(want) > 10
+
+
+def test_member_effects_find_the_members_that_matter():
+    mlp, W_dec, sae_out, randn = world(3, k=None)
+    W_dec[5] = 0  # a member whose removal removes nothing
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    z = torch.zeros(3, N_IN, dtype=F64)
+    z[:, [1, 2, 5]] = 1.0  # member 7 is never active
+    source = z @ W_dec + randn(3, D)
+    sides = Sides.of_groups([4], [[1, 5, 7]], [[2]])
+    entries = Entries(cand=torch.zeros(3, dtype=torch.long), token=torch.arange(3))
+    effect = member_effects(layer, source, z, sides, entries, "a")
+    assert effect.shape == (1, 3)
+    assert abs(float(effect[0, 0])) > 1e-3 and abs(float(effect[0, 1])) < 1e-9 and float(effect[0, 2]) == 0.0
+
+
+LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1)
+
+
+@pytest.mark.parametrize("table, expected", [
+    ((1.0, 0.0, 0.0, 0.0), "and"),  # t11, t10, t01, t00
+    ((1.0, 0.1, 0.2, 0.0), "and"),
+    ((1.0, 1.0, 1.0, 0.0), "or"),
+    ((1.0, 0.5, 0.5, 0.0), "additive"),  # each necessary by the threshold, but no cross term
+    ((1.0, 0.6, 0.3, 0.0), "additive"),
+    ((1.0, 0.4, 0.45, 0.2), "and"),
+    ((1.0, 1.0, 0.0, 0.0), "one-sided"),  # A matters, B is a bystander
+    ((1.0, 0.0, 0.95, 0.0), "one-sided"),
+    ((1.0, 1.5, 0.0, 0.5), "inhibition"),  # removing B raises f
+    ((1.0, 1.5, 1.6, 0.2), "xor-like"),
+    ((1.0, 0.95, 0.9, 0.9), "neither"),
+    ((0.0, 0.0, 0.0, 0.0), "untested"),
+])
+def test_gate_types_of_planted_truth_tables(table, expected):
+    t11, t10, t01, t00 = table
+    k = keeps([t11], [t10], [t01], [t00])
+    assert gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], LIMITS)[0] == expected
+
+
+def test_causal_score_is_high_only_for_a_necessary_cross_term():
+    k = keeps([1, 1, 1, 1], [0, 0.5, 1, 1], [0, 0.5, 1, 0], [0, 0, 0, 0])  # and, additive, or, one-sided
+    score = causal_score(k["keep_a"], k["keep_b"], k["synergy"])
+    np.testing.assert_allclose(score, [1.0, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(k["synergy"], [1.0, 0.0, -1.0, 0.0])
+
+
+def test_circuit_ranks_put_each_outputs_best_unsplit_candidate_first_and_outscoring_splits_last():
+    out = np.array([0, 0, 0, 1, 1, 2])
+    score = np.array([0.9, 0.5, 0.2, 0.7, np.nan, 0.3])
+    split = np.array([True, False, False, False, False, True])
+    rank = circuit_ranks(out, score, np.zeros(6, dtype=bool), split, np.arange(6))
+    # circuit candidates: output 1 (0.7), output 0 (0.5); then the split ones: output 0's split
+    # pair that outscores its candidate (0.9) and output 2's only candidate (0.3)
+    assert rank.tolist() == [3, 2, 0, 1, 0, 4]
+
+
+def test_every_and_ranks_before_every_other_type():
+    out, score = np.array([0, 1, 2]), np.array([0.2, 0.6, 0.1])
+    rank = circuit_ranks(out, score, np.array([True, False, True]), np.zeros(3, dtype=bool), np.arange(3))
+    assert rank.tolist() == [1, 3, 2]
+
+
+def test_a_pair_the_interventions_show_as_and_is_not_split():
+    evidence = np.array([True, True, False])
+    assert is_split(evidence, np.array(["and", "or", "or"], dtype=object)).tolist() == [False, True, False]
