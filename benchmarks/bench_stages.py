@@ -33,7 +33,6 @@ the ratio measured here) and on one H100 (floors at a stated rate).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import shutil

@@ -45,7 +45,6 @@ from circuits.sae_basis import preactivation_offset
 from circuits.sites import MLP_IN, MLP_OUT, RESID_MID
 from circuits.bilinear import output_constant
 from circuits.weights import MLPWeights, SAEWeights
-from circuits.sites import MLP_IN, MLP_OUT, RESID_MID
 
 KINDS = ("token", "input", "output", "input_error", "output_error", "logit")
 TOKEN, INPUT, OUTPUT, INPUT_ERROR, OUTPUT_ERROR, LOGIT = range(len(KINDS))
