@@ -27,6 +27,7 @@ def one(preset: str, n_tokens: int, threads: int) -> dict:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from circuits.attribution import LayerSAETensors
+    from circuits.sites import RESID_MID
     from circuits.weights import SAEWeights
     from pipelines.engine.paths import RunPaths
     from pipelines.graph.build import GraphConfig, build_graph
@@ -49,7 +50,7 @@ def one(preset: str, n_tokens: int, threads: int) -> dict:
         return SAEWeights(W_enc=W_dec.T.contiguous(), b_enc=torch.zeros(d_sae, dtype=torch.float64), W_dec=W_dec,
                           b_dec=torch.zeros(d, dtype=torch.float64), k=k)
 
-    saes = {layer: LayerSAETensors(sae(), "resid_mid", sae()) for layer in range(cfg.n_layers)}
+    saes = {layer: LayerSAETensors(sae(), RESID_MID, sae()) for layer in range(cfg.n_layers)}
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         pg = build_graph(prompt, model, tokenizer, saes, GraphConfig())

@@ -73,7 +73,7 @@ def test_every_float_field_refuses_nan_and_infinities(value):
 
 
 @pytest.mark.parametrize("flag, value", [(flag, "nan") for flag in (
-    "--and-data", "--drop-one", "--min-cosine", "--label-share", "--label-lift", "--split-cosine", "--split-lift",
+    "--and-data", "--need", "--min-cosine", "--label-share", "--label-lift", "--split-cosine", "--split-lift",
     "--boost-sd")] + [("--and-data", "inf"), ("--boost-sd=", "-inf")])
 def test_float_options_refuse_nan_naming_the_option(tmp_path, capsys, flag, value):
     err = _error(capsys, ["verdicts", "--out", str(tmp_path / "run"), flag + value if flag.endswith("=") else flag,
@@ -84,7 +84,7 @@ def test_float_options_refuse_nan_naming_the_option(tmp_path, capsys, flag, valu
 
 def test_a_json_config_with_nan_is_refused(tmp_path, capsys):
     config = tmp_path / "demo.json"
-    config.write_text('{"verdicts": {"verdicts": {"and_data": NaN}}}')
+    config.write_text('{"verdicts": {"rules": {"and_data": NaN}}}')
     err = _error(capsys, ["demo", "--out", str(tmp_path / "run"), "--config", str(config)])
     assert "and_data" in err and "finite" in err
 
@@ -341,7 +341,7 @@ def test_a_killed_drivers_marker_is_removed_by_the_next_driver(tmp_path):
 TINY_LM = ["--preset", "tiny", "--train-tokens", "40000", "--vocab-size", "600", "--threads", "1"]
 TINY_SAES = ["--train-tokens", "20480", "--batch-size", "1024", "--k", "4", "--threads", "1"]
 CIRCUITS = ["--top-n", "8", "--max-rank", "4", "--corr-rows", "32", "--min-active", "3", "--threads", "1"]
-VERDICTS = ["--rows", "32", "--min-cell", "3", "--ablate-rows", "32", "--n-ablate", "2", "--threads", "1"]
+VERDICTS = ["--rows", "32", "--min-cell", "3", "--n-ablate", "2", "--threads", "1"]
 
 
 def _ok(argv: list[str]) -> None:
@@ -422,7 +422,7 @@ def test_corpus_refuses_to_replace_the_corpus_the_model_was_trained_on(run, tmp_
 ])
 def test_a_run_that_fails_keeps_the_stamps_of_the_finished_one(run, tmp_path, capsys, monkeypatch, stage, argv,
                                                                name):
-    import pipelines.stages as stages
+    import importlib
 
     copy = _copy(run, tmp_path)
     before = {p.name: p.read_bytes() for p in (copy / "tables" / ".stamps").iterdir()}
@@ -430,7 +430,7 @@ def test_a_run_that_fails_keeps_the_stamps_of_the_finished_one(run, tmp_path, ca
     def fails(*args, **kwargs):
         raise ValueError("failed mid-run")
 
-    monkeypatch.setattr(stages, name, fails)
+    monkeypatch.setattr(importlib.import_module(f"pipelines.stages.{stage}"), name, fails)
     assert "failed mid-run" in _error(capsys, [stage, "--out", str(copy), *argv])
     assert {p.name: p.read_bytes() for p in (copy / "tables" / ".stamps").iterdir()} == before
 

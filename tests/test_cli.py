@@ -276,7 +276,7 @@ def test_demo_seed_reaches_every_stage():
     assert set(seeds.values()) == {5}, seeds
 
 
-CANDIDATE = re.compile(r"^  layer (\d+), circuit rank (\d+): out (\d+) <- (.*): gate_score ")
+CANDIDATE = re.compile(r"^  layer (\d+), circuit rank (\d+): out (\d+) <- (.*): [a-z-]+, causal_score ")
 
 
 def _printed_candidates(out: str) -> list[dict]:

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from circuits.gates.types import GATE_TYPES
 from pipelines import schemas
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.tables import read_table, write_table
@@ -50,7 +51,8 @@ LEFT_OUT = {"gate_verdicts": PER_LAYER + ("out_description", "a_description", "b
 N_TRUTH, N_ABLATE = 4, 2  # candidates per layer with a truth table (gate_truth), ablated per kind
 CELLS = ("on_on", "on_off", "off_on", "off_off")
 ABLATION_NUMBERS = ("activation_before", "activation_after", "pre_before", "pre_after", "pre_change_predicted",
-                    "logprob_before", "logprob_after")
+                    "activation_local", "logprob_before", "logprob_after")
+VERDICT_INTERVENTIONS = ("keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "gate_type")
 SHARES = ("share_a", "share_b", "share_other", "share_bias", "share_error")
 
 
@@ -79,9 +81,25 @@ def _ablations(rng, chosen: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
             rows.append({"out_feature": r["out_feature"], **{k: r[k] for k in keys}, "ablated": ablated, "n_tokens": n,
                          "activation_before": before, "activation_after": before * float(keep),
                          "pre_before": before, "pre_after": before * float(keep) - 0.1,
-                         "pre_change_predicted": -before * (1 - float(keep)), "logprob_before": -5.0,
+                         "pre_change_predicted": -before * (1 - float(keep)),
+                         "activation_local": before * float(keep), "logprob_before": -5.0,
                          "logprob_after": -5.0 - float(rng.random()), **shares})
     return pd.DataFrame(rows, columns=["out_feature", *keys, "ablated", "n_tokens", *ABLATION_NUMBERS, *SHARES])
+
+
+def _interventions(rng, members_a=None, members_b=None) -> dict:
+    """The intervention columns of a candidate (`circuits.gates.interventions`), random but
+    consistent: the keeps are the four points' ratios, the synergy their cross term."""
+    act = dict(zip(("act_none", "act_a", "act_b", "act_ab"), [float(rng.uniform(1, 3)), *rng.uniform(0, 1.5, 3)]))
+    keep = {f"keep_{k}": act[f"act_{k}"] / act["act_none"] for k in ("a", "b", "ab")}
+    synergy = 1 - keep["keep_a"] - keep["keep_b"] + keep["keep_ab"]
+    out = {"iv_tokens": int(rng.integers(5, 60)), **act, **{k.replace("act", "pre"): v - 0.2 for k, v in act.items()},
+           **keep, "synergy": synergy,
+           "causal_score": float(np.clip(1 - max(keep["keep_a"], keep["keep_b"]), 0, 1) * np.clip(synergy, 0, 1)),
+           "gate_type": str(rng.choice(GATE_TYPES[:-1]))}
+    if members_a is not None:
+        out.update(necessary_a=list(members_a[:1]), necessary_b=list(members_b[:1]))
+    return out
 
 
 def _verdict_columns(row: dict, ablation: pd.DataFrame, keys: list[str], text: str) -> dict:
@@ -192,7 +210,8 @@ def circuit_tables(rng, n_out: int, n_in: int, text: str = "") -> dict[str, pd.D
                          "coactivation": float(rng.random()), "contribution_share": share, "and_data": and_data,
                          "n_both": int(rng.integers(0, 90)), "n_a_only": int(rng.integers(0, 90)),
                          "n_b_only": int(rng.integers(0, 90)), "gate_score": share * and_data,
-                         "split_share": split_share, "split_pair": bool(split_share >= 0.5)})
+                         "split_share": split_share, "split_pair": bool(split_share >= 0.5),
+                         **_interventions(rng, members[:cut], members[cut:])})
             gid += 2
     groups = pd.DataFrame(rows)
     groups["eigen_rank"] = groups["eigen_rank"].astype("Int64")
@@ -219,6 +238,8 @@ def circuit_tables(rng, n_out: int, n_in: int, text: str = "") -> dict[str, pd.D
                      **{k: r[k] for k in ("gate_score", "contribution_share", "coactivation", "and_data",
                                           "input_cosine", "coactivation_lift", "split_pair")},
                      "same_top_token": bool(a % 2 == b % 2),
+                     **{k: v for k, v in _interventions(rng).items() if k in VERDICT_INTERVENTIONS},
+                     "necessary_a": None, "necessary_b": None,
                      **_verdict_columns(r, pair_ablation, ["in_a", "in_b"], text),
                      "negation_gate": None if r["out_feature"] % 3 == 0 else bool(r["out_feature"] % 3 == 1),
                      "out_description": f"out {r['out_feature']}{text}", "a_description": f"#{a}{text}",
@@ -229,6 +250,7 @@ def circuit_tables(rng, n_out: int, n_in: int, text: str = "") -> dict[str, pd.D
                      "members_b": r["members_b"], "label_a": r["label_a"], "label_b": r["label_b"],
                      **{k: r[k] for k in ("gate_score", "contribution_share", "coactivation", "and_data", "split_pair")},
                      "same_top_token": None, "input_cosine": np.nan, "coactivation_lift": np.nan,
+                     **{k: r[k] for k in (*VERDICT_INTERVENTIONS, "necessary_a", "necessary_b")},
                      **_verdict_columns(r, group_ablation, ["group_a", "group_b"], text),
                      "negation_gate": bool(r["out_feature"] % 2 == 0),
                      "out_description": f"out {r['out_feature']}{text}", "a_description": f"group a{text}",

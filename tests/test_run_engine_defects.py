@@ -421,7 +421,8 @@ def test_help_texts_state_what_the_defaults_are(capsys):
         helps[command] = " ".join(capsys.readouterr().out.split())
     assert "per output feature and kind" in helps["circuits"]
     assert "default: 4000000" in helps["train-lm"]
-    assert "ablated in the model (plus each layer's best negation gate of each kind) (default: 8)" in helps["verdicts"]
+    assert ("confirmed by ablation in the model (plus each layer's best negation gate of each kind) (default: 8)"
+            in helps["verdicts"])
 
 
 def test_usage_errors_do_not_load_the_model(run, monkeypatch, capsys):
