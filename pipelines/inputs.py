@@ -189,7 +189,10 @@ def check_sae_model(folder: Path, inputs: ModelInputs, role: str) -> None:
     this toolkit stamps the digest of the model it read; one from elsewhere records none, and
     only its width and hook can be checked)."""
     recorded = (read_json(stamp_of(folder)) or {}).get("inputs", {}).get("model")
-    if recorded is not None and recorded != inputs.digest:
+    if recorded is None:
+        return
+    inputs.model  # loaded first: a model that does not load (non-finite weights...) is the error to name
+    if recorded != inputs.digest:
         raise ValueError(f"the {role} SAE {folder} was trained on another model than {inputs.folder} (its stamp "
                          f"records model {recorded[:12]}, this one is {inputs.digest[:12]}): pass this model's SAEs, "
                          "or retrain them with `train-saes`")
