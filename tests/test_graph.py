@@ -5,6 +5,7 @@ name kept nodes, and bad input gets a one-line error."""
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 import threading
 from pathlib import Path
@@ -104,6 +105,21 @@ def test_target_option_and_bad_input(run, tmp_path, capsys):
                  "--sae-out", str(run / "saes" / "layer0_mlp_out")]) == 2
     err = capsys.readouterr().err
     assert "reads width 16 but the model's d_model is 32" in err
+
+
+def test_saes_trained_on_another_model_of_the_same_shape_are_refused(run, tmp_path, capsys):
+    """An SAE of the same width and hook, but trained on another model (its stamp records that
+    model's digest), is refused by name rather than read as if it belonged to this one."""
+    other = tmp_path / "other_resid_mid"
+    shutil.copytree(run / "saes" / "layer0_resid_mid", other)
+    stamp = json.loads((other / ".stamp.json").read_text())
+    stamp["inputs"]["model"] = "0" * 64
+    (other / ".stamp.json").write_text(json.dumps(stamp))
+    capsys.readouterr()
+    assert main(["graph", "--out", str(run), "--threads", "1", "--prompt", "she was not", "--layer", "0",
+                 "--sae-in", str(other), "--sae-out", str(run / "saes" / "layer0_mlp_out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and str(other) in err and "another model" in err and "\n" not in err, err
 
 
 def test_explicit_saes_of_one_layer(run):
