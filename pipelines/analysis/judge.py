@@ -71,9 +71,10 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
                         seed=cfg.seed)
         ablated[table] = frame.assign(**keys) if len(frame) else TABLES[table].empty()
     verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg, tags)
-    # a verdict row carries its candidate's working columns (ranks, cross terms): keep the table's
-    verdicts = verdicts.assign(**keys)[TABLES["gate_verdicts"].schema_with(verdicts.columns).names] if len(verdicts) \
-        else TABLES["gate_verdicts"].empty()
+    # a verdict row carries its candidate's working columns (ranks, cross terms): keep the table's; a layer
+    # without verdicts has the tags' columns too, or a reader of every layer's files could drop them
+    table = TABLES["gate_verdicts"].schema_with(tag.column for tag in tags)
+    verdicts = verdicts.assign(**keys)[table.names] if len(verdicts) else table.empty_table().to_pandas()
     pairs = pairs[TABLES["pair_gates"].names] if len(pairs) else TABLES["pair_gates"].empty()
     return {**ablated, "pair_gates": pairs, "group_gates": group_gates, "group_truth": group_truth,
             "gate_verdicts": verdicts}
