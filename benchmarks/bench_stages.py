@@ -173,11 +173,12 @@ class Chain:
         self.source = ensure_corpus(self.run, self.cfg.stories)
 
     def train_lm(self):
+        from pipelines.data.story_corpus import story_lexicon
         from pipelines.demo import ensure_lm, ensure_tokens
         from pipelines.inputs import ModelInputs, StageInputs
 
         cfg = self.cfg
-        self.lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(self.run.lexicon)))
+        self.lm_job = cfg.lm.replace(corpus=story_lexicon(self.source, cfg.lm.corpus))
         self.summary = ensure_lm(self.run, source=str(self.source), job=self.lm_job, runtime=self.runtime)
         self.lm = ModelInputs(self.run.lm, self.runtime.device)
         self.work = StageInputs(self.run, self.lm, ensure_tokens(self.run, str(self.source), self.lm.tokenizer,

@@ -195,6 +195,7 @@ def read_layer_table(run: Path, name: str, layer: int, part: str, tries: int, wa
 
 def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
     from pipelines.data.corpus import CorpusConfig
+    from pipelines.data.story_corpus import story_lexicon
     from pipelines.engine.paths import RunPaths
     from pipelines.lm.model import load_model
     from pipelines.stages import ensure_tokens
@@ -206,9 +207,7 @@ def demo_run(run: Path, n_rows: int, R: int, tries: int, wait: float) -> None:
     paths = RunPaths(run)
     model, cfg = load_model(paths.lm)
     tokenizer = load_tokenizer(paths.lm)
-    lexicon = paths.lexicon
-    store = ensure_tokens(paths, str(paths.corpus), tokenizer, cfg.n_ctx,
-                          CorpusConfig(lexicon=str(lexicon) if lexicon.is_file() else None))
+    store = ensure_tokens(paths, str(paths.corpus), tokenizer, cfg.n_ctx, story_lexicon(paths.corpus, CorpusConfig()))
     held = store.held_out
     n_rows = min(n_rows, len(held))
     layers = list(range(cfg.n_layers))

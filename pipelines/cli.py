@@ -137,12 +137,11 @@ class _Context:
 
 
 def _builtin_labels(folder: Path):
-    """The built-in corpus ships its lexicon: use it unless the user names another."""
+    """The built-in corpus ships its lexicon: the flags' defaults read it."""
     from pipelines.data.corpus import CorpusConfig
-    from pipelines.engine.paths import LEXICON
+    from pipelines.data.story_corpus import story_lexicon
 
-    lexicon = folder / LEXICON
-    return CorpusConfig(lexicon=str(lexicon)) if lexicon.is_file() else CorpusConfig()
+    return story_lexicon(folder, CorpusConfig())
 
 
 # ------------------------------------------------------------------ commands

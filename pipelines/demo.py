@@ -14,6 +14,7 @@ from pipelines import summary
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.stories import StoryConfig, generate_stories
+from pipelines.data.story_corpus import story_lexicon
 from pipelines.engine.files import write_json
 from pipelines.engine.paths import RunPaths
 from pipelines.explorer.site import write_explorer
@@ -87,7 +88,7 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     run.root.mkdir(parents=True, exist_ok=True)
     write_json(run.demo_config, cfg.to_json())
     corpus = ensure_corpus(run, cfg.stories)
-    lm_job = cfg.lm.replace(corpus=cfg.lm.corpus.replace(lexicon=str(run.lexicon)))
+    lm_job = cfg.lm.replace(corpus=story_lexicon(corpus, cfg.lm.corpus))
     summary.lm(ensure_lm(run, source=str(corpus), job=lm_job, runtime=runtime))
     lm = ModelInputs(run.lm, runtime.device)
     work = StageInputs(run, lm, ensure_tokens(run, str(corpus), lm.tokenizer, lm.config.n_ctx, lm_job.corpus))

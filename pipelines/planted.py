@@ -282,7 +282,7 @@ def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
                                        features, world.classes, {}, None)
     facts = InputFacts.of(described, labels, 0, RESID_MID, verdicts)
     judged = judge_layer(model, saes, rows, {name: tables[name] for name in CIRCUIT_READS}, facts=facts,
-                         negation=False, boosted={}, cfg=verdicts)
+                         tags=(), boosted={}, cfg=verdicts)
     return {**tables, **judged, "features": described}
 
 

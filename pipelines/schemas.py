@@ -4,7 +4,8 @@ that identify a row, the order rows are written in, and the stage that writes th
 Stages write through `write` (rows sorted, types fixed by the schema, nothing dropped
 silently); the report, the explorer and the demo read with `read` and `select`; the README's
 "Tables" section is rendered from here (`python -m pipelines.schemas README.md` rewrites it,
-and a test checks it). Feature indices are 0-based, ranks 1-based; the constant coordinate of
+and a test checks it). A table's optional columns are written only where a run has them: the
+gate tags a corpus supplies (`GATE_TAGS`, `pipelines.data.tags`). Feature indices are 0-based, ranks 1-based; the constant coordinate of
 the input side is index -1.
 """
 
@@ -19,6 +20,8 @@ import pandas as pd
 import pyarrow as pa
 
 from circuits.sites import DEFAULT_INPUT_SITE
+from pipelines.data.story_corpus import STORY_TAGS
+from pipelines.data.tags import GateTag
 from pipelines.engine.tables import read_table, write_table
 
 INT, FLOAT, STR, BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
@@ -56,6 +59,7 @@ class Table:
     categories: tuple[str, ...] = ()  # string columns of a few values (the explorer writes them as codes)
     circuit: bool = True  # has the columns of CIRCUIT_KEYS
     outputs: str = "any"  # circuits stage: the output sets it is written for (`sae`: it measures their activity)
+    optional: tuple[Column, ...] = ()  # columns a run's table has only when its corpus supplies them (last)
 
     @property
     def all_columns(self) -> tuple[Column, ...]:
@@ -63,7 +67,13 @@ class Table:
 
     @property
     def schema(self) -> pa.Schema:
+        """The columns every run's table has."""
         return pa.schema([f for c in self.all_columns for f in c.fields()])
+
+    def schema_with(self, columns) -> pa.Schema:
+        """The schema of a table that has those of its optional columns among `columns`."""
+        present = set(columns)
+        return pa.schema([*self.schema, *(f for c in self.optional for f in c.fields() if f[0] in present)])
 
     @property
     def names(self) -> list[str]:
@@ -115,6 +125,15 @@ _GROUPS = (
     col("group_a, group_b", INT, "the two input groups (ids within the layer, see group_gates)"),
 )
 _ORDER = ("layer", "input_site", "outputs", "out_feature")
+# the label-based gate tags the corpora supply (`pipelines.data.tags`), each an optional gate_verdicts column;
+# a corpus that brings a tag of its own adds it here
+GATE_TAGS: tuple[GateTag, ...] = STORY_TAGS
+
+
+def _tag_column(tag: GateTag) -> Column:
+    channels = ", ".join(f"`{c}`" for c in tag.channels)
+    return col(tag.column, BOOL, f"{tag.doc} (gate tag of `{tag.rule.__module__}`: only when the corpus's feature "
+               f"labels have the channels {channels})")
 
 TABLES: dict[str, Table] = {t.name: t for t in (
     Table("sae_metrics", "train-saes", "one SAE", circuit=False, keys=("layer", "site"), sort=("layer", "site"), columns=(
@@ -301,10 +320,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("truth, verdict", STR, "what the truth table says; the verdict"),
         col("truth_and, is_and", BOOL, "the truth table says AND; the candidate behaves as an AND gate (an `and` "
             "by intervention that the model run confirms)"),
-        col("negation_gate", BOOL, "one side labelled negation, the other a context class, the output boosting another "
-            "class's words (null without such labels)"),
         col("out_description, a_description, b_description", STR, "the features' descriptions"),
-    )),
+    ), optional=tuple(_tag_column(tag) for tag in GATE_TAGS)),
     Table("graph_nodes", "graph", "a node of a prompt's attribution graph (all nodes, pruned or not)", circuit=False,
           keys=("prompt", "node_id"), sort=("prompt", "viewer_row", "pos", "node_id"), categories=("kind", "site"),
           columns=(
@@ -352,7 +369,7 @@ def write(frame: pd.DataFrame, root: str | Path, name: str, layer: int | None = 
                          f"{repeated[keys].iloc[0].to_dict()}")
     order = [c for c in table.sort if c in frame.columns]
     frame = frame.sort_values(order, kind="stable").reset_index(drop=True) if order and len(frame) else frame
-    return write_table(frame, root, name, layer, table.schema, part=part, provenance=provenance)
+    return write_table(frame, root, name, layer, table.schema_with(frame.columns), part=part, provenance=provenance)
 
 
 def read(root: str | Path, name: str, layers: list[int] | None = None) -> pd.DataFrame | None:
@@ -386,10 +403,12 @@ def _type(t: pa.DataType) -> str:
 
 
 def markdown() -> str:
-    """The README's table of tables: one row per column group, the circuit keys left out."""
+    """The README's table of tables: one row per column group, the circuit keys left out, an
+    optional column after the others, marked so."""
     lines = [README_START, "", "| table | written by | column | type | meaning |", "|---|---|---|---|---|"]
     for table in TABLES.values():
-        for i, c in enumerate(table.columns):
+        for i, c in enumerate(table.columns + tuple(Column(o.names, o.types, f"optional: {o.doc}")
+                                                    for o in table.optional)):
             types = ", ".join(dict.fromkeys(_type(t) for _, t in c.fields()))
             first = (f"{table.name}", f"`{table.stage}`") if i == 0 else ("", "")
             doc = c.doc.replace("|", "\\|")  # a bar inside a cell would end it

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipelines.data.tags import present_tags, tagged
+from pipelines.schemas import GATE_TAGS
+
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
 
 
@@ -33,26 +36,24 @@ def features(described: pd.DataFrame, tables: Path) -> None:
 
 
 def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
-    """Each layer's best circuit candidates of each kind, then the negation gates."""
+    """Each layer's best circuit candidates of each kind, then those of each gate tag the table has."""
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
         print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every `and` first, "
               f"then by causal_score; split ones last; confirmed by ablation on tokens the ranking never read){when}:")
         for g in top(table, kind, n).itertuples(index=False):
             _print_candidate(g)
-    if table["negation_gate"].isna().all():
-        return
-    negation = table[table["negation_gate"].fillna(False).astype(bool)]
-    best = negation.sort_values("circuit_rank").groupby(["layer", "kind"]).head(1).sort_values(["kind", "layer"])
-    print("\nNegation gates (a negation side, a one-context side, an output boosting the other context's words), "
-          "each layer's best of each kind:")
-    for g in best.itertuples(index=False):
-        _print_candidate(g)
-    for kind in ("pair", "group"):
-        mine = best[best["kind"] == kind]
-        print(f"negation gates ({kind}s): interventions say and in layers "
-              f"{sorted(mine.loc[mine['gate_type'] == 'and', 'layer'])}; confirmed by ablations in layers "
-              f"{sorted(mine.loc[mine['is_and'], 'layer'])}.")
+    for tag in present_tags(table, GATE_TAGS):
+        best = tagged(table, tag).sort_values("circuit_rank").groupby(["layer", "kind"]).head(1)
+        best = best.sort_values(["kind", "layer"])
+        print(f"\n{tag.name.capitalize()}s ({tag.doc}), each layer's best of each kind:")
+        for g in best.itertuples(index=False):
+            _print_candidate(g)
+        for kind in ("pair", "group"):
+            mine = best[best["kind"] == kind]
+            print(f"{tag.name}s ({kind}s): interventions say and in layers "
+                  f"{sorted(mine.loc[mine['gate_type'] == 'and', 'layer'])}; confirmed by ablations in layers "
+                  f"{sorted(mine.loc[mine['is_and'], 'layer'])}.")
 
 
 def top(verdicts: pd.DataFrame, kind: str, n: int) -> pd.DataFrame:

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.data.corpus import CorpusConfig, write_story_corpus
+from pipelines.data.corpus import CorpusConfig
+from pipelines.data.story_corpus import write_story_corpus
 from pipelines.data.stories import NEGATIVE, POSITIVE, StoryConfig
 from pipelines.data.tokenizer import WORD_START, TokenizerConfig, train_tokenizer
 from pipelines.data.tokens import build_token_store

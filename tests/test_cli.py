@@ -348,7 +348,7 @@ def test_demo_small_ranks_and_judges_pairs_and_group_gates(demo):
 
 def test_demo_small_gives_every_candidate_a_negation_label(demo):
     """The story corpus labels negations and contexts: every candidate is, or is not, a
-    negation gate (null is for corpora without such labels)."""
+    negation gate (a corpus without such labels has no such column, test_report)."""
     run, _ = demo
     assert {"negation", "context"} <= set(pd.read_parquet(run / "tables" / "feature_labels")["channel"])
     verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")

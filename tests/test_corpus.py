@@ -19,10 +19,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipelines.data.corpus import (CorpusConfig, Documents, corpus_digest, iter_documents, story_spans,
-                                   write_story_corpus)
+from pipelines.data.corpus import CorpusConfig, Documents, corpus_digest, iter_documents
 from pipelines.data.labels import read_lexicon
 from pipelines.data.stories import NEGATIVE, POSITIVE, StoryConfig, generate_stories
+from pipelines.data.story_corpus import story_lexicon, story_spans, write_story_corpus
 from pipelines.data.tokenizer import (BOS, EOS, PAD, SPECIAL_TOKENS, UNK, WORD_START, TokenizerConfig, display_token,
                                       join_pieces, special_ids, train_tokenizer)
 from tests.real_text import kjv_chapters
@@ -353,6 +353,15 @@ def test_story_corpus_round_trips(tmp_path):
     lexicon = read_lexicon(folder / "lexicon.tsv")
     assert lexicon == {**{w: "positive" for w in POSITIVE}, **{w: "negative" for w in NEGATIVE}}
     assert StoryConfig.from_json(json.loads((folder / "story_config.json").read_text())) == cfg
+
+
+def test_the_built_in_corpus_lexicon_is_read_unless_another_is_named(tmp_path):
+    folder = write_story_corpus(StoryConfig(n_stories=5), tmp_path / "corpus")
+    assert story_lexicon(folder, CorpusConfig(held_out=0.1)) == CorpusConfig(held_out=0.1,
+                                                                             lexicon=str(folder / "lexicon.tsv"))
+    assert story_lexicon(folder, CorpusConfig(lexicon="mine.tsv")).lexicon == "mine.tsv"
+    (tmp_path / "user").mkdir()  # a user's corpus folder ships no lexicon
+    assert story_lexicon(tmp_path / "user", CorpusConfig()) == CorpusConfig()
 
 
 # ------------------------------------------------------------------ the tokenizer

@@ -26,6 +26,7 @@ import pytest
 
 from circuits.gates.types import GATE_TYPES
 from pipelines import schemas
+from pipelines.data.story_corpus import NEGATION_GATE
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.tables import read_table, write_table
 from pipelines.explorer import data as xdata
@@ -56,9 +57,10 @@ VERDICT_INTERVENTIONS = ("keep_a", "keep_b", "keep_ab", "synergy", "causal_score
 SHARES = ("share_a", "share_b", "share_other", "share_bias", "share_error")
 
 
-def exported_columns(name: str) -> list[str]:
+def exported_columns(name: str, present=()) -> list[str]:
+    """The columns the explorer exports of table `name`, whose run has the optional columns among `present`."""
     drop = LEFT_OUT.get(name, PER_LAYER)
-    return [c for c in TABLES[name].names if c not in drop]
+    return [c for c in TABLES[name].schema_with(present).names if c not in drop]
 
 
 # ------------------------------------------------------------------ a synthetic run
@@ -445,7 +447,7 @@ def test_export_matches_tables(tmp_path):
                 source = source_table(run, name, layer, "resid_mid")
                 if name == "lowrank_samples":  # ranks 1, 2 and the largest (4) only, as the report's scatter
                     source = source[source["n_eigs"] != 3].reset_index(drop=True)
-                columns = exported_columns(name)
+                columns = exported_columns(name, source.columns)
                 exported = xdata.decode_table(bundle[name])
                 assert list(exported.columns) == columns, name
                 assert len(exported) > 0, name
@@ -507,6 +509,8 @@ def test_export_matches_tables(tmp_path):
     assert meta["present"] == sorted([*FILES["circuits"], *FILES["verdicts"], *FILES["samples"], "features",
                                       "feature_labels", "sae_metrics", "hosvd"])
     assert "verdicts" not in meta  # the verdicts are a data file of their own
+    # the synthetic verdicts carry the stories' gate tag: its column is exported (above) and named for the pages
+    assert meta["gate_tags"] == [{"column": "negation_gate", "name": "negation gate", "doc": NEGATION_GATE.doc}]
     assert {(c["layer"], c["site"]): c["n"] for c in meta["counts"]} == {
         (l, s): n for l in (0, 1) for s, n in (("mlp_out", 12), ("resid_mid", 16))}
     metrics = read_table(run.tables, "sae_metrics").sort_values(["layer", "site"]).reset_index(drop=True)
@@ -595,6 +599,7 @@ def test_missing_tables_build_with_sections_marked(tmp_path):
         index["stats"]["resid_mid"]["columns"])
     assert "description" not in index["features"]["columns"]
     assert meta["hosvd"] == {} and meta["lowrank"] == {"resid_mid": None} and meta["sae_metrics"] is None
+    assert meta["gate_tags"] == []  # no verdicts, no gate tag
     app = (Path(xdata.__file__).parent / "static" / "app.js").read_text(encoding="utf-8")
     assert "data-missing" in app  # the page marks each section whose table is missing
     for name in ("gate_verdicts", "group_gates", "gate_truth", "group_truth", "gate_ablation", "group_ablation"):
@@ -915,6 +920,9 @@ def test_explorer_pages_in_a_browser(browser, synthetic_site):
             assert js_number(v["contribution_share"]) in text and js_number(v["gate_score"]) in text
         tags = p.locator(f"table.best-{kind}s .tag.yes", has_text="AND")
         assert tags.count() == int(ranked["is_and"].sum()), kind
+        # the corpus's gate tag (meta.gate_tags) marks the rows whose column says so
+        tagged = p.locator(f"table.best-{kind}s .tag.yes", has_text="negation gate")
+        assert tagged.count() == int(ranked["negation_gate"].eq(True).sum()) > 0, kind
         first = p.locator(f"table.best-{kind}s tbody tr").first
         for m in [*ranked.iloc[0]["members_a"], *ranked.iloc[0]["members_b"]]:
             assert first.locator(f"a[href='#/in/{layer}/{m}']").count() == 1, (kind, m)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import pipelines.lm.training as training
-from pipelines.data.corpus import CorpusConfig, write_story_corpus
+from pipelines.data.corpus import CorpusConfig
+from pipelines.data.story_corpus import write_story_corpus
 from pipelines.data.stories import StoryConfig
 from pipelines.data.tokenizer import TokenizerConfig, train_tokenizer
 from pipelines.engine.paths import ModelPaths

@@ -127,7 +127,9 @@ def test_page_has_every_section_and_the_model_figures(run, page):
     channels = set(pd.read_parquet(run / "tables" / "feature_labels")["channel"])
     assert {"negation", "context"} <= channels
     assert "comes from the corpus&#39;s own labels" in text or "comes from the corpus's own labels" in text
-    assert "carries no negation and context labels" not in text and "negation gate</th>" in text
+    assert "carry no gate tag" not in text and "negation gate</th>" in text
+    # the stories' gate tag speaks: every verdict has the negation column, with a value
+    assert _verdicts(run)["negation_gate"].notna().all()
 
 
 def _check_candidate_tables(run, text: str) -> bool:
@@ -136,7 +138,7 @@ def _check_candidate_tables(run, text: str) -> bool:
     returns whether the page has the negation column."""
     parsed = _parse(text)
     verdicts = _verdicts(run)
-    labelled = bool(verdicts["negation_gate"].notna().any())
+    labelled = "negation_gate" in verdicts.columns
     assert ("negation gate</th>" in text) == labelled  # the column where the verdicts give the label
     for layer in (0, 1):
         for kind, title in KINDS.items():
@@ -213,7 +215,7 @@ def test_cards_show_each_layers_best_candidates(run, page):
                  f"← {', '.join(map(str, best['members_a']))} and {', '.join(map(str, best['members_b']))}: "
                  f"{best['verdict']}")
         assert title in cards, (title, cards)
-        negation = frame[frame["negation_gate"].fillna(False).astype(bool)].sort_values("circuit_rank")
+        negation = frame[frame["negation_gate"].astype(bool)].sort_values("circuit_rank")
         if len(negation) and negation.iloc[0]["circuit_rank"] != 1:
             assert any(c.startswith(f"{kind.capitalize()} circuit rank {negation.iloc[0]['circuit_rank']} "
                                     "(negation gate)") for c in cards), cards
@@ -338,7 +340,7 @@ def test_cards_without_their_detail_tables(run, tmp_path):
 
 
 def test_wording_without_ground_truth(run, tmp_path):
-    """A corpus without negation and context labels: the verdicts give no negation label, and
+    """A corpus without negation and context labels: the verdicts have no negation column, and
     the report says so."""
     bare = tmp_path / "bare"
     shutil.copytree(run, bare)
@@ -353,8 +355,9 @@ def test_wording_without_ground_truth(run, tmp_path):
                       int(labels["layer"].iloc[0]), part=path.stem)
     assert main(["verdicts", "--out", str(bare), *VERDICTS]) == 0  # the features changed: computed again
     verdicts = _verdicts(bare)
-    assert len(verdicts) and verdicts["negation_gate"].isna().all()
+    # no negation column at all, rather than a column of nulls: the tag is the stories' plug-in
+    assert len(verdicts) and "negation_gate" not in verdicts.columns
     assert main(["report", "--out", str(bare), *SMALL]) == 0
     text = (bare / "report" / "index.html").read_text()
-    assert "carries no negation and context labels" in text and "negation gate</th>" not in text
+    assert "carry no gate tag" in text and "negation gate</th>" not in text
     assert "(negation gate)" not in text

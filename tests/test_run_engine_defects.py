@@ -421,7 +421,7 @@ def test_help_texts_state_what_the_defaults_are(capsys):
         helps[command] = " ".join(capsys.readouterr().out.split())
     assert "per output feature and kind" in helps["circuits"]
     assert "default: 4000000" in helps["train-lm"]
-    assert ("confirmed by ablation in the model (plus each layer's best negation gate of each kind) (default: 8)"
+    assert ("confirmed by ablation in the model (plus each layer's best of each kind that a gate tag marks) (default: 8)"
             in helps["verdicts"])
 
 

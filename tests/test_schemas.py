@@ -55,3 +55,31 @@ def test_select_picks_one_input_site_and_output_set():
     assert schemas.select(frame, "mlp_in")["v"].tolist() == [2]
     assert schemas.select(frame, None, None)["v"].tolist() == [1, 2, 3]
     assert schemas.select(None) is None
+
+
+def test_a_gate_tags_column_is_written_only_where_the_run_has_it(tmp_path):
+    table = schemas.TABLES["gate_verdicts"]
+    assert "negation_gate" not in table.names  # not a column of every run's table
+    assert [t.column for t in schemas.GATE_TAGS] == [c for o in table.optional for c in o.names] == ["negation_gate"]
+    row = {name: None for name in table.names} | {"layer": 0, "outputs": "sae", "input_site": "resid_mid",
+                                                   "out_feature": 3, "kind": "pair", "in_a": 1, "in_b": 2}
+    bare = schemas.write(pd.DataFrame([row]), tmp_path, "gate_verdicts", 0, part="bare")
+    assert pq.read_schema(bare).remove_metadata().equals(table.schema)
+    tagged = schemas.write(pd.DataFrame([row | {"negation_gate": True}]), tmp_path, "gate_verdicts", 1, part="tagged")
+    assert pq.read_schema(tagged).names == [*table.names, "negation_gate"]
+    assert pd.read_parquet(tagged)["negation_gate"].tolist() == [True]
+    with pytest.raises(ValueError, match="schema lacks"):
+        schemas.write(pd.DataFrame([row | {"other_gate": True}]), tmp_path, "gate_verdicts", 0, part="bare")
+
+
+def test_a_layer_without_verdicts_keeps_the_tags_column_for_readers_of_every_layer(tmp_path):
+    # pyarrow reads a folder with the first file's columns: an empty layer written without the
+    # tag's column would drop it from every layer (judge_layer writes empty layers with it)
+    table = schemas.TABLES["gate_verdicts"]
+    empty = table.schema_with(["negation_gate"]).empty_table().to_pandas()
+    row = {name: None for name in table.names} | {"outputs": "sae", "input_site": "resid_mid", "out_feature": 3,
+                                                   "kind": "pair", "in_a": 1, "in_b": 2, "negation_gate": True}
+    schemas.write(empty, tmp_path, "gate_verdicts", 0, part="resid_mid-sae")
+    schemas.write(pd.DataFrame([row]), tmp_path, "gate_verdicts", 1, part="resid_mid-sae")
+    back = schemas.read(tmp_path, "gate_verdicts")
+    assert back["negation_gate"].tolist() == [True] and back["layer"].tolist() == [1]

@@ -17,7 +17,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 import pipelines.data.tokens as tokens_module
-from pipelines.data.corpus import CorpusConfig, iter_documents, write_story_corpus
+from pipelines.data.corpus import CorpusConfig, iter_documents
+from pipelines.data.story_corpus import write_story_corpus
 from pipelines.data.labels import LEXICON_CHANNEL, read_lexicon
 from pipelines.data.stories import StoryConfig
 from pipelines.data.tokenizer import BOS, WORD_START, TokenizerConfig, train_tokenizer

@@ -1,5 +1,5 @@
 """The rules of the verdicts stage on planted tables: split pairs and the circuit ranking,
-reading sets and label groups, verdicts and the negation label."""
+reading sets and label groups, verdicts and the gate tags (the stories' negation gate)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 
 from circuits.gates.ranking import split_evidence
+from pipelines.data.story_corpus import NEGATION_GATE
+from pipelines.data.tags import tags_of
 from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, label_candidates, pair_split_evidence, rank,
                                          reading_sets, to_ablate, verdict_rows)
 
@@ -82,10 +84,10 @@ def ablation_rows(keys: dict, drop_a: float, drop_b: float) -> list[dict]:
             for ablated, drop in (("a", drop_a), ("b", drop_b), ("both", 1.0))]
 
 
-def verdict_of(pairs, ablation, labels=None, boost=None, cfg=CFG) -> pd.Series:
+def verdict_of(pairs, ablation, labels=None, boost=None, cfg=CFG, tags=(NEGATION_GATE,)) -> pd.Series:
     frame = verdict_rows(rank_pairs(pd.DataFrame(pairs), facts(labels=labels, boost=boost), cfg),
                          pd.DataFrame(columns=["out_feature", "circuit_rank"]), pd.DataFrame(ablation), None,
-                         facts(labels=labels, boost=boost), cfg)
+                         facts(labels=labels, boost=boost), cfg, tags)
     return frame.set_index("out_feature").iloc[0]
 
 
@@ -123,6 +125,18 @@ def test_what_fails_is_named(change, reason):
 def test_negation_label(labels, boost, expected):
     v = verdict_of([gate(7, 1, 6, 0.3)], [], labels=labels, boost=boost)
     assert v["negation_gate"] == expected
+
+
+def test_a_gate_tag_is_a_column_only_where_the_corpus_labels_carry_its_channels():
+    labelled = {1: "negation", 6: "context=positive"}
+    assert "negation_gate" not in verdict_of([gate(7, 1, 6, 0.3)], [], labels=labelled, boost={7: ("negative", 2.0)},
+                                             tags=()).index
+    stories = feature_labels({(1, "negation", "negation"): (0.9, 6.0), (6, "context", "positive"): (0.8, 2.0),
+                              (6, "sentiment", "positive"): (0.8, 2.0)})
+    assert tags_of(stories, (NEGATION_GATE,)) == (NEGATION_GATE,)
+    # a corpus with a context (or a document class) but no negation channel, or no labels at all: no tag
+    assert tags_of(stories[stories["channel"] != "negation"], (NEGATION_GATE,)) == ()
+    assert tags_of(None, (NEGATION_GATE,)) == ()
 
 
 def test_reading_sets_take_the_eigenvectors_that_carry_the_activation():
@@ -195,9 +209,9 @@ def test_the_candidates_to_ablate():
                              "out_feature": [0, 1, 2, 3, 0], "in_a": [1, 1, 2, 3, pd.NA], "in_b": [2, 3, 4, 5, pd.NA],
                              "group_a": [pd.NA] * 4 + [0], "group_b": [pd.NA] * 4 + [1],
                              "negation_gate": [False, False, False, True, False]})
-    assert to_ablate(verdicts, "pair", 2, negation=False)["out_feature"].tolist() == [0, 1]
-    assert to_ablate(verdicts, "pair", 2, negation=True)["out_feature"].tolist() == [0, 1, 3]
-    assert to_ablate(verdicts, "group", 2, negation=True)["out_feature"].tolist() == [0]
+    assert to_ablate(verdicts, "pair", 2, ())["out_feature"].tolist() == [0, 1]
+    assert to_ablate(verdicts, "pair", 2, (NEGATION_GATE,))["out_feature"].tolist() == [0, 1, 3]
+    assert to_ablate(verdicts, "group", 2, (NEGATION_GATE,))["out_feature"].tolist() == [0]
 
 
 def test_an_input_in_two_label_groups_stays_in_the_smaller():

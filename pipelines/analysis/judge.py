@@ -17,6 +17,7 @@ from pipelines.analysis.group_gates import group_tables
 from pipelines.analysis.interventions import LayerCache, intervention_columns, necessary_members
 from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, pair_candidates, pair_split_evidence, rank,
                                          to_ablate, verdict_rows)
+from pipelines.data.tags import GateTag
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
 from pipelines.schemas import TABLES
@@ -25,12 +26,12 @@ CIRCUIT_READS = ("gates", "eigen", "eigen_inputs", "interactions")  # the circui
 
 
 def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.DataFrame], *, facts: InputFacts,
-                negation: bool, boosted: dict[int, list[int]], cfg: VerdictConfig) -> dict[str, pd.DataFrame]:
+                tags: tuple[GateTag, ...], boosted: dict[int, list[int]], cfg: VerdictConfig) -> dict[str, pd.DataFrame]:
     """The `pair_gates`, `gate_ablation`, `group_gates`, `group_truth`, `group_ablation` and
     `gate_verdicts` rows of one layer, from its circuit tables (`CIRCUIT_READS`, output SAE
     features, this input site), what the features say (`facts`), and held-out `rows`.
-    `negation`: whether the feature labels carry the channels the negation-gate rule reads
-    (else that column is null, `has_negation_labels`)."""
+    `tags`: the corpus's gate tags whose channels the feature labels carry (`pipelines.data.tags`),
+    a column each."""
     layer = saes.layer
     mlp = from_hooked_transformer(model, layer)
     sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
@@ -57,11 +58,11 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         group_gates = rank(group_gates, group_gates["split_pair"].to_numpy(dtype=bool), ["group_a", "group_b"], cfg)
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 
-    first = verdict_rows(pairs, group_gates, None, None, facts, cfg)
+    first = verdict_rows(pairs, group_gates, None, None, facts, cfg, tags)
     ablated = {}
     for kind, table, key in (("pair", "gate_ablation", ("in_a", "in_b")),
                              ("group", "group_ablation", ("group_a", "group_b"))):
-        chosen = to_ablate(first, kind, cfg.n_ablate, negation) if len(first) else first
+        chosen = to_ablate(first, kind, cfg.n_ablate, tags) if len(first) else first
         sides = Sides.of_groups(chosen["out_feature"].astype(int).tolist(),
                                 [list(m) for m in chosen["members_a"]], [list(m) for m in chosen["members_b"]]) \
             if len(chosen) else Sides.of_groups([], [], [])
@@ -69,11 +70,11 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         frame = confirm(model, cache, saes, mlp, sides, names, boosted=boosted, max_tokens=cfg.ablate_tokens,
                         seed=cfg.seed)
         ablated[table] = frame.assign(**keys) if len(frame) else TABLES[table].empty()
-    verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg)
-    if not negation and len(verdicts):
-        verdicts["negation_gate"] = None
-    # a verdict row carries its candidate's working columns (ranks, cross terms): keep the table's
-    verdicts = verdicts.assign(**keys)[TABLES["gate_verdicts"].names] if len(verdicts) else TABLES["gate_verdicts"].empty()
+    verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg, tags)
+    # a verdict row carries its candidate's working columns (ranks, cross terms): keep the table's; a layer
+    # without verdicts has the tags' columns too, or a reader of every layer's files could drop them
+    table = TABLES["gate_verdicts"].schema_with(tag.column for tag in tags)
+    verdicts = verdicts.assign(**keys)[table.names] if len(verdicts) else table.empty_table().to_pandas()
     pairs = pairs[TABLES["pair_gates"].names] if len(pairs) else TABLES["pair_gates"].empty()
     return {**ablated, "pair_gates": pairs, "group_gates": group_gates, "group_truth": group_truth,
             "gate_verdicts": verdicts}

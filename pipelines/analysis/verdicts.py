@@ -21,13 +21,13 @@ A group's *necessary members* are those whose leaving the group changes its inte
 result by at least `prune` of the output (a 45-input label class is a class; the members
 active where the gate works are its side).
 
-Verdicts. The `n_ablate` best candidates of each kind per layer by `circuit_rank` (and, with
-negation and context labels, the best negation gate of each kind) are ablated in the model
-on confirmation tokens the ranking never read (`pipelines.analysis.ablation`). A candidate
+Verdicts. The `n_ablate` best candidates of each kind per layer by `circuit_rank` (and the
+best of each kind that each of the corpus's gate tags marks) are ablated in the model on
+confirmation tokens the ranking never read (`pipelines.analysis.ablation`). A candidate
 *behaves as an AND gate* when its interventions type it `and` and the model run confirms
-it: removing either side alone keeps at most `need` of the output. A candidate is a
-*negation gate* when one side is labelled `negation`, the other `context=C`, and the output
-boosts the lexicon words of a class other than C by at least `boost_sd`.
+it: removing either side alone keeps at most `need` of the output. The gate tags the
+corpus's labels let speak (`pipelines.data.tags`; the built-in stories' negation gate) each
+add their column.
 """
 
 from __future__ import annotations
@@ -41,10 +41,8 @@ from circuits.config import Config, option, seed_option
 from circuits.gates.groups import MAX_MEMBERS
 from circuits.gates.ranking import circuit_ranks, is_split, split_evidence
 from circuits.sites import OUTPUT_SITE
+from pipelines.data.tags import LABEL_JOIN, GateTag, TagFacts
 
-NEGATION = "negation"
-CONTEXT = "context="
-LABEL_JOIN = " | "  # a group of several label classes with the same members is named by all of them
 SOURCES = ("eigen", "labels")
 
 
@@ -88,9 +86,10 @@ class VerdictConfig(Config):
     rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
     prune: float = option(0.05, "a group member is necessary when its leaving the group changes the group's "
                                 "intervention result by at least this share of the output", low=0.0)
-    boost_sd: float = option(1.0, "least boost (sd) of the other class's words for a negation gate", low=0.0)
+    boost_sd: float = option(1.0, "least boost (sd) of a lexicon class for a gate tag to count an output as boosting "
+                                  "it (the stories' negation gate: the other class's words)", low=0.0)
     n_ablate: int = option(8, "best pairs, and best group gates, per layer by circuit_rank confirmed by ablation in "
-                              "the model (plus each layer's best negation gate of each kind)", low=0)
+                              "the model (plus each layer's best of each kind that a gate tag marks)", low=0)
     ablate_tokens: int = option(64, "confirmation tokens per ablated candidate: a seeded sample of those where both "
                                      "sides are on and the output is active", low=1)
     seed: int = seed_option("seeds the token samples and the ranking/confirmation split")
@@ -148,16 +147,6 @@ class InputFacts:
         best = max(set(labels) - {None}, key=labels.count, default=None)
         return best if best is not None and labels.count(best) * 2 > len(members) else None
 
-    def negation_gate(self, out_feature: int, label_a: str | None, label_b: str | None, cfg: VerdictConfig) -> bool:
-        """One side negation, the other context C, the output boosting another class's words."""
-        names = lambda label: label.split(LABEL_JOIN) if isinstance(label, str) else []  # noqa: E731
-        cls, sd = self.boost.get(out_feature, (None, float("nan")))
-        for neg, ctx in ((label_a, label_b), (label_b, label_a)):
-            contexts = [c[len(CONTEXT):] for c in names(ctx) if c.startswith(CONTEXT)]
-            if NEGATION in names(neg) and contexts and cls is not None and cls not in contexts and sd >= cfg.boost_sd:
-                return True
-        return False
-
 
 def _classes(labels: pd.DataFrame | None, layer: int, input_site: str, cfg: VerdictConfig) -> dict[str, list[int]]:
     """Label class -> the input features mainly in it (see the module docstring)."""
@@ -173,13 +162,6 @@ def _classes(labels: pd.DataFrame | None, layer: int, input_site: str, cfg: Verd
     for name, members in found.items():
         names.setdefault(tuple(members), []).append(name)
     return dict(sorted((LABEL_JOIN.join(sorted(n)), list(m)) for m, n in names.items()))
-
-
-def has_negation_labels(labels: pd.DataFrame | None) -> bool:
-    """Whether the feature labels the negation-gate rule reads (`feature_labels`) let it
-    speak: they have a `negation` channel and a `context` one."""
-    channels = set() if labels is None else set(labels["channel"].astype(str))
-    return NEGATION in channels and CONTEXT.rstrip("=") in channels
 
 
 # ------------------------------------------------------------------ pairs
@@ -330,8 +312,10 @@ VERDICT_KEYS = ["layer", "outputs", "input_site", "out_feature"]
 
 
 def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.DataFrame | None,
-                 group_ablation: pd.DataFrame | None, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
-    """The `gate_verdicts` rows: the ranked pairs and group gates (`circuit_rank` not null)."""
+                 group_ablation: pd.DataFrame | None, facts: InputFacts, cfg: VerdictConfig,
+                 tags: tuple[GateTag, ...] = ()) -> pd.DataFrame:
+    """The `gate_verdicts` rows: the ranked pairs and group gates (`circuit_rank` not null),
+    with a column for each of `tags` (the corpus's gate tags whose channels its labels carry)."""
     frames = []
     pairs = pairs[pairs["circuit_rank"].notna()] if len(pairs) else pairs
     if len(pairs):
@@ -362,10 +346,11 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
         out.append({**r, **labels, **members, "both_tokens": _count(r.get("n_both")), "apart_tokens": _count(apart),
                     "truth": truth,
                     "truth_and": truth_and, "verdict": text, "is_and": is_and,
-                    "negation_gate": facts.negation_gate(f, labels["label_a"], labels["label_b"], cfg),
                     "out_description": facts.descriptions.get(("out", f), ""),
                     "a_description": describe(r["members_a"]), "b_description": describe(r["members_b"])})
     frame = pd.DataFrame(out)
+    for tag in tags if len(frame) else ():
+        frame[tag.column] = tag.rule(frame, TagFacts(facts.boost, cfg.boost_sd))
     for column in ("circuit_rank", "in_a", "in_b", "group_a", "group_b"):
         if column in frame:
             frame[column] = frame[column].astype("Int64")
@@ -376,11 +361,9 @@ def _num(value) -> float:
     return float("nan") if value is None or pd.isna(value) else float(value)
 
 
-def to_ablate(verdicts: pd.DataFrame, kind: str, n: int, negation: bool) -> pd.DataFrame:
-    """The candidates of one kind worth ablating: the `n` best by circuit_rank, and with
-    negation labels the best negation gate."""
+def to_ablate(verdicts: pd.DataFrame, kind: str, n: int, tags: tuple[GateTag, ...]) -> pd.DataFrame:
+    """The candidates of one kind worth ablating: the `n` best by circuit_rank, and the best
+    that each of `tags` marks."""
     mine = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank")
-    chosen = [mine.head(n)]
-    if negation:
-        chosen.append(mine[mine["negation_gate"]].head(1))
+    chosen = [mine.head(n)] + [mine[mine[tag.column]].head(1) for tag in tags]
     return pd.concat(chosen).drop_duplicates(["out_feature", "in_a", "in_b", "group_a", "group_b"])

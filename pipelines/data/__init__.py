@@ -2,8 +2,10 @@
 the packed token store.
 
 - `stories`: the seeded story generator with negation ground truth;
-- `corpus`: reading any corpus in batches of documents (and writing the built-in one);
+- `story_corpus`: the built-in corpus's files, its lexicon and its gate tag (the negation gate);
+- `corpus`: reading any corpus in batches of documents;
 - `labels`: token labels from a corpus's spans and a lexicon;
+- `tags`: label-based gate tags, the plug-in a corpus supplies to the verdicts;
 - `tokenizer`: training and loading the tokenizer;
 - `tokens`: packing a corpus into train and held-out rows on disk.
 """

@@ -1,4 +1,5 @@
-"""Corpora: read any supported source as a stream of documents, and write the built-in one.
+"""Corpora: read any supported source as a stream of documents (the built-in one is written by
+`pipelines.data.story_corpus`).
 
 A corpus source is one of
 - a Parquet file or folder, or a JSONL file (one JSON object per line), with a text column
@@ -30,14 +31,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from circuits.config import Config, option, seed_option
-from pipelines.data.stories import Story, StoryConfig, generate_stories
-from pipelines.engine.files import atomic_dir, digest, text_digest, write_json
-from pipelines.engine.paths import CORPUS_PART, LEXICON, STORY_CONFIG
+from pipelines.engine.files import digest, text_digest
 
 SPANS_COLUMN = "spans"
 _LINE = object()  # a record's key for its line in a JSONL file (no column name can equal it)
@@ -271,46 +269,3 @@ def _text_file_records(path: Path, cfg: CorpusConfig) -> Iterator[dict]:
         if isinstance(err, FileNotFoundError):
             raise
         raise ValueError(f"corpus {path} cannot be read: {err}") from None
-
-
-# ------------------------------------------------------------------ the built-in corpus
-
-
-STORY_SCHEMA = pa.schema([
-    ("text", pa.string()),
-    (SPANS_COLUMN, pa.list_(pa.struct([("start", pa.int64()), ("end", pa.int64()), ("label", pa.string())]))),
-])
-
-
-def story_spans(story: Story) -> list[tuple[int, int, str]]:
-    """A story's ground truth as labelled character spans: `negation` (from the cue to the
-    word it flips), `context=positive|negative` and `sentiment=positive|negative`."""
-    name = {1: "positive", -1: "negative"}
-    spans = [(a, b, "negation") for a, b in story.negation_spans]
-    spans += [(a, b, f"context={name[v]}") for a, b, v in story.context_spans]
-    spans += [(a, b, f"sentiment={name[v]}") for a, b, v in story.sentiment_spans]
-    return sorted(spans)
-
-
-def stories_frame(stories: list[Story]) -> pd.DataFrame:
-    return pd.DataFrame({
-        "text": [s.text for s in stories],
-        SPANS_COLUMN: [[{"start": a, "end": b, "label": label} for a, b, label in story_spans(s)]
-                       for s in stories],
-    })
-
-
-def write_story_corpus(cfg: StoryConfig, folder: str | Path) -> Path:
-    """Generate the built-in corpus into `folder`: `part.parquet` (text and spans), the
-    sentiment words as `lexicon.tsv`, and `story_config.json`. Returns the folder."""
-    from pipelines.data.stories import NEGATIVE, POSITIVE
-
-    folder = Path(folder)
-    with atomic_dir(folder) as tmp:
-        table = pa.Table.from_pandas(stories_frame(generate_stories(cfg)), schema=STORY_SCHEMA,
-                                     preserve_index=False)
-        pq.write_table(table, tmp / CORPUS_PART)
-        lines = [f"{w}\tpositive" for w in POSITIVE] + [f"{w}\tnegative" for w in NEGATIVE]
-        (tmp / LEXICON).write_text("\n".join(lines) + "\n")
-        write_json(tmp / STORY_CONFIG, cfg.to_json())
-    return folder

@@ -9,7 +9,7 @@ a bilinear MLP can compute as a product of two features.
 
 Each story comes with character-level ground truth: where each negation's scope (from the
 cue up to the word it flips: "not", "did not feel") and each sentiment word is, and which
-valence the context has from each point on. `pipelines.data.corpus.story_spans` turns it
+valence the context has from each point on. `pipelines.data.story_corpus.story_spans` turns it
 into labelled spans, the corpus format that any corpus can use.
 """
 

@@ -128,11 +128,6 @@ class RunPaths:
         return self.root / "corpus"
 
     @property
-    def lexicon(self) -> Path:
-        """The built-in corpus's lexicon of sentiment words."""
-        return self.corpus / LEXICON
-
-    @property
     def lm(self) -> Path:
         return self.root / "lm"
 

@@ -9,7 +9,8 @@ fetch() there). The files (`data/<name>.js`):
 
 - `meta`: the run's name, layers, input sites (and the default one), the output site,
   which tables are present (and why the others are not), the number of features per
-  (layer, site), SAE metrics, the mean low-rank correlation per rank and HOSVD singular values.
+  (layer, site), SAE metrics, the mean low-rank correlation per rank, HOSVD singular values
+  and the gate tags the verdicts carry (`pipelines.data.tags`).
 - `index`: one row per output feature (site mlp_out) of every layer: description,
   frequency, top tokens; and per input site the summary numbers of each row (rank-2
   correlation, its circuit candidate pair and best group gate with their circuit ranks, the
@@ -41,12 +42,13 @@ import pandas as pd
 import pyarrow as pa
 
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
+from pipelines.data.tags import present_tags
 from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
 from pipelines.graph.serve import viewer_url
 from pipelines.engine.tables import read_table
 from pipelines.report.inputs import scatter_samples
-from pipelines.schemas import TABLES, select
+from pipelines.schemas import GATE_TAGS, TABLES, select
 
 DIGITS = 4
 CORR_RANK = 2  # the rank whose low-rank correlation the index shows (or the largest below it)
@@ -357,7 +359,7 @@ def _export(df: pd.DataFrame, name: str) -> dict | None:
     drop = set(PER_LAYER) | set(LEFT_OUT.get(name, ()))
     order = [c for c in spec.sort if c in df.columns]
     rows = df.sort_values(order, kind="stable") if order else df
-    return encode_table(rows, [c for c in spec.names if c not in drop], spec.categories)
+    return encode_table(rows, [c for c in spec.schema_with(df.columns).names if c not in drop], spec.categories)
 
 
 def features_bundle(tables: RunTables, layer: int) -> dict:
@@ -430,6 +432,9 @@ def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list
         "graphs": [{"slug": g["slug"], "prompt": g["prompt"], "viewer": viewer_url(g["slug"])}
                    for g in (read_json(run.graph_index) or {"graphs": []})["graphs"]],
         "digits": DIGITS,
+        # the gate tags the verdicts carry (`pipelines.data.tags`): a column of gate_verdicts each
+        "gate_tags": [{"column": tag.column, "name": tag.name, "doc": tag.doc}
+                      for tag in present_tags(tables.get("gate_verdicts"), GATE_TAGS)],
         "lowrank": {}, "hosvd": {},
     }
     for site in sites:

@@ -20,6 +20,7 @@ from circuits.sae_basis import input_basis, project
 from circuits.sites import input_gain
 from circuits.weights import from_hooked_transformer
 from pipelines import schemas
+from pipelines.data.tags import GateTag, present_tags
 from pipelines.engine.files import read_json
 from pipelines.engine.paths import ModelPaths, RunPaths
 from pipelines.inputs import LayerSAEs
@@ -55,10 +56,9 @@ class ReportData:
         return self.verdicts is not None and len(self.verdicts) > 0
 
     @property
-    def negation_judged(self) -> bool:
-        """Whether the verdicts could label negation gates (the corpus has such labels)."""
-        v = self.verdicts
-        return v is not None and len(v) > 0 and v["negation_gate"].notna().any()
+    def tags(self) -> tuple[GateTag, ...]:
+        """The gate tags the verdicts carry (those the corpus's labels let speak, `pipelines.data.tags`)."""
+        return present_tags(self.verdicts, schemas.GATE_TAGS)
 
 
 def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_dir) -> ReportData:

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from circuits.config import Config, option
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines import summary
+from pipelines.data.tags import tagged
 from pipelines.engine.files import atomic_dir, read_json
 from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.report import figures
@@ -32,8 +33,7 @@ from pipelines.report.inputs import ReportData, interaction_submatrix, load_repo
 MEMBERS_SHOWN = 8  # input features listed per side of a candidate (the explorer lists them all)
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_type",
                      "causal_score", "keep_a", "keep_b", "synergy", "gate_score", "and_data", "split_pair", "drop_a",
-                     "drop_b", "verdict",
-                     "negation_gate", "out_description", "a_description", "b_description"]
+                     "drop_b", "verdict", "out_description", "a_description", "b_description"]  # and the gate tags
 
 
 @dataclass(frozen=True)
@@ -176,11 +176,11 @@ def _layer_section(data: ReportData, layer: int, pictures: _Pictures, cfg: Repor
     shown = set()
     for kind, title in (("pair", "Input pairs"), ("group", "Group gates")):
         rows = mine[mine["kind"] == kind]
-        section["kinds"].append({"title": title, "rows": rows.head(cfg.n_candidates)[CANDIDATE_COLUMNS].to_dict("records")})
+        columns = CANDIDATE_COLUMNS + [tag.column for tag in data.tags]
+        section["kinds"].append({"title": title, "rows": rows.head(cfg.n_candidates)[columns].to_dict("records")})
         chosen = [("best", r) for r in rows.head(cfg.cards_per_layer).to_dict("records")]
-        if data.negation_judged:
-            chosen += [("negation gate", r) for r in rows[rows["negation_gate"].fillna(False).astype(bool)].head(1)
-                       .to_dict("records")]
+        for tag in data.tags:
+            chosen += [(tag.name, r) for r in tagged(rows, tag).head(1).to_dict("records")]
         for why, row in chosen:
             key = (kind, row["out_feature"], tuple(row["members_a"]), tuple(row["members_b"]))
             if key not in shown:

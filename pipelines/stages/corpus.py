@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipelines.data.corpus import write_story_corpus
+from pipelines.data.story_corpus import write_story_corpus
 from pipelines.data.stories import StoryConfig
 from pipelines.engine import stamps
 from pipelines.engine.paths import RunPaths, stamp_of

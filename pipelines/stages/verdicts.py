@@ -11,7 +11,8 @@ from circuits.sites import OUTPUT_SITE
 from pipelines import schemas, summary
 from pipelines.analysis.features import boosted_token_ids
 from pipelines.analysis.judge import CIRCUIT_READS, judge_layer
-from pipelines.analysis.verdicts import InputFacts, has_negation_labels
+from pipelines.analysis.verdicts import InputFacts
+from pipelines.data.tags import tags_of
 from pipelines.engine.files import digest
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.stamps import Stamp
@@ -46,7 +47,7 @@ class Verdicts(TableStage):
         boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
         facts = InputFacts.of(features, labels, layer, saes.input_site, job.rules)
         yield part, judge_layer(model, saes, work.store.held_out, circuits, facts=facts,
-                                negation=has_negation_labels(labels), boosted=boosted, cfg=job.rules)
+                                tags=tags_of(labels, schemas.GATE_TAGS), boosted=boosted, cfg=job.rules)
         work.report(job.rules.rows * work.store.held_out.n_ctx)
 
     def result(self, work: StageInputs, job: VerdictsJob, plan: Plan, computed: list[Part]) -> pd.DataFrame:

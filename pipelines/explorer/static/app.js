@@ -581,11 +581,13 @@
       if (val(v, "kind", i) === kind && (best === null || val(v, "circuit_rank", i) < val(v, "circuit_rank", best))) best = i;
     return best === null ? null : rec(v, best);
   }
+  /* The corpus's gate tags (meta.gate_tags: the negation gate of the built-in stories) that mark a verdict row. */
+  function gateTags(v) { return (meta.gate_tags || []).filter((tag) => v[tag.column] === true); }
   function verdictHtml(v) {
     if (!v) return "";
     const tags = (v.is_and ? '<span class="tag yes">AND gate</span>' : '<span class="tag no">not shown to be an AND</span>') +
       (v.split_pair ? ' <span class="tag no">split pair</span>' : "") +
-      (v.negation_gate === true ? ' <span class="tag yes">negation gate</span>' : "");
+      gateTags(v).map((tag) => ` <span class="tag yes">${esc(tag.name)}</span>`).join("");
     const labels = v.label_a || v.label_b ? ` <span class="note">Labels: side a ${esc(v.label_a || "none")}, side b ${esc(v.label_b || "none")}.</span>` : "";
     const drops = [["a", v.drop_a], ["b", v.drop_b], ["both", v.drop_both]].filter(([, d]) => isNum(d));
     const removed = drops.length ? `<p class="note drops">Removing ${drops.map(([k, d]) => `${k} removes ${pct(d)}`).join(", ")} of the output's
@@ -853,7 +855,7 @@
             esc(r.gate_type ?? ""), fmt(r.causal_score), fmt(r.synergy), fmt(r.gate_score), fmt(r.contribution_share),
             fmt(r.and_data),
             (r.is_and ? '<span class="tag yes">AND</span> ' : "") + (r.split_pair ? '<span class="tag no">split</span> ' : "") +
-            (r.negation_gate === true ? '<span class="tag yes">negation</span> ' : "") + esc(r.verdict)]), `best-${kind}s`) + `</div>`
+            gateTags(r).map((tag) => `<span class="tag yes">${esc(tag.name)}</span> `).join("") + esc(r.verdict)]), `best-${kind}s`) + `</div>`
           : '<p class="note">No ranked candidates of this kind in this layer.</p>');
       }
     }
