@@ -13,9 +13,11 @@ install:
 	# circuit-tracer's viewer and graph schema (`graph`); it pins an older transformers, and its
 	# front end needs only the standard library and pydantic, so none of its dependencies
 	$(PIP) install -q --no-deps circuit-tracer==0.5.0
-	# its viewer loads d3 with jetpack from the web; the browser test serves npm's build instead
-	mkdir -p .cache/npm && (test -f .cache/npm/d3-jetpack-2.3.0.tgz || npm pack --silent --pack-destination .cache/npm \
-		d3-jetpack@2.3.0 >/dev/null) || echo "npm unavailable: the viewer's browser test will be skipped"
+	# its viewer loads d3 with jetpack and dagre from the web; the browser test serves npm's builds
+	# (and tests/circuit_tracer_viewer_shim.js for what npm's jetpack lacks) instead
+	mkdir -p .cache/npm && for p in d3-jetpack@2.3.0 dagre@0.8.5; do test -f .cache/npm/$$(echo $$p | tr @ -).tgz || \
+		npm pack --silent --pack-destination .cache/npm $$p >/dev/null || \
+		echo "npm unavailable: the viewer's browser test will be skipped"; done
 
 demo: install
 	python3 -m pipelines demo

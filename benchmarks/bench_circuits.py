@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
+from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights
+from pipelines.analysis.circuit_tables import analyse_layer
 
 
 def random_mlp(d: int, h: int, gen: torch.Generator) -> MLPWeights:

@@ -1,6 +1,7 @@
-"""Weight-based circuit analysis of bilinear MLPs in SAE feature bases (pure tensor math)."""
+"""Weight-based circuit analysis of bilinear MLPs in SAE feature bases (pure tensor math;
+`pipelines.analysis.circuit_tables` turns it into tables)."""
 
-from circuits.layer import CircuitConfig, LayerBatch, Outputs, analyse_layer, hosvd_outputs
+from circuits.layer import CircuitConfig, LayerBatch, Outputs, hosvd_outputs
 from circuits.weights import MLPWeights, SAEWeights, from_hooked_transformer, from_sae_lens
 
 __all__ = [
@@ -9,7 +10,6 @@ __all__ = [
     "MLPWeights",
     "Outputs",
     "SAEWeights",
-    "analyse_layer",
     "from_hooked_transformer",
     "from_sae_lens",
     "hosvd_outputs",

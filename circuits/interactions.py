@@ -12,9 +12,8 @@ Per output feature the top N terms of each kind are kept, ranked by |coefficient
 the kind, so strong self terms cannot crowd out the cross terms (sort by |coefficient| for
 one ranking over all kinds).
 
-The AND-gate score of a pair b < c is `2 Qt[b,c] - |Qt[b,b]| - |Qt[c,c]|`: high when the pair
-matters together (large positive cross term) but neither input alone (small self terms).
-It is computed for every pair, not only for the top interactions.
+The AND-gate candidates of an output are its pairs b < c with the best weight-only AND score
+(`circuits.gates.ranking.and_score`), searched over every pair, not only the top interactions.
 
 `Qt` is `(n_in+1)^2` numbers per output feature, so it is never held whole: it is computed
 in blocks over the upper triangle (symmetry halves the work), and each block gives up only
@@ -26,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from circuits.gates.ranking import and_score
 
 CONSTANT = -1  # index of the constant coordinate z'_{n_in} = 1 in the tables
 KINDS = ("self", "cross", "linear", "constant")
@@ -56,7 +57,7 @@ class TopGates:
 
     in_a: torch.Tensor  # long, b
     in_b: torch.Tensor  # long, c > b
-    and_score: torch.Tensor  # cross - |self_a| - |self_b|
+    and_score: torch.Tensor  # `circuits.gates.ranking.and_score`
     self_a: torch.Tensor  # Qt[b,b]
     self_b: torch.Tensor  # Qt[c,c]
     cross: torch.Tensor  # 2 Qt[b,c]
@@ -192,7 +193,7 @@ def _merge_gates(gate_parts, MQ, basis, self_terms, k) -> TopGates:
     return TopGates(
         in_a=in_a,
         in_b=in_b,
-        and_score=cross - self_a.abs() - self_b.abs(),
+        and_score=and_score(cross, self_a, self_b),
         self_a=self_a,
         self_b=self_b,
         cross=cross,

@@ -22,7 +22,7 @@ from pipelines.data.tokenizer import load_tokenizer
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokens import TokenRows, TokenStore, open_token_store
 from pipelines.engine.files import digest, read_json, text_digest
-from pipelines.engine.paths import ModelPaths, RunPaths
+from pipelines.engine.paths import ModelPaths, RunPaths, stamp_of
 from pipelines.engine.tables import provenance, table_path
 from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
 from sae.activations import iter_activations
@@ -158,12 +158,14 @@ class LayerPlan:
         d_model = inputs.config.d_model
         sae_in = load_sae(self.sae_in, inputs.device)
         check_sae_point(sae_in, d_model, self.layer, (self.input_site,), "input", self.allow_hookless)
+        check_sae_model(self.sae_in, inputs, "input")
         sae_out = None
         if need_output:
             if self.sae_out is None:
                 raise ValueError(f"layer {self.layer}: outputs 'sae' need an output SAE (--sae-out)")
             sae_out = load_sae(self.sae_out, inputs.device)
             check_sae_point(sae_out, d_model, self.layer, (OUTPUT_SITE,), "output", self.allow_hookless)
+            check_sae_model(self.sae_out, inputs, "output")
         return LayerSAEs(self.layer, sae_in, self.input_site, sae_out)
 
     def described(self, inputs: ModelInputs, sites: tuple[str, ...]) -> dict[Point, LoadedSAE]:
@@ -177,8 +179,20 @@ class LayerPlan:
             sae = load_sae(folder, inputs.device)
             role = "output" if site == OUTPUT_SITE else "input"
             check_sae_point(sae, inputs.config.d_model, self.layer, (site,), role, self.allow_hookless)
+            check_sae_model(folder, inputs, role)
             found[(self.layer, site)] = sae
         return found
+
+
+def check_sae_model(folder: Path, inputs: ModelInputs, role: str) -> None:
+    """Refuse an SAE that records training on another model than `inputs` (an SAE trained by
+    this toolkit stamps the digest of the model it read; one from elsewhere records none, and
+    only its width and hook can be checked)."""
+    recorded = (read_json(stamp_of(folder)) or {}).get("inputs", {}).get("model")
+    if recorded is not None and recorded != inputs.digest:
+        raise ValueError(f"the {role} SAE {folder} was trained on another model than {inputs.folder} (its stamp "
+                         f"records model {recorded[:12]}, this one is {inputs.digest[:12]}): pass this model's SAEs, "
+                         "or retrain them with `train-saes`")
 
 
 def plan_layers(run: RunPaths, inputs: ModelInputs, layers: list[int], explicit: SAEPaths | None, input_site: str,

@@ -266,8 +266,9 @@ def _labels(tokens: np.ndarray, codes: np.ndarray, gates: list[Gate]) -> dict[st
 def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
     """Every table the circuits, features and verdicts stages would write for the world's
     layer, from the same functions (`CircuitConfig`, `FeatureConfig`, `VerdictConfig`)."""
-    from circuits.layer import Outputs, analyse_layer
+    from circuits.layer import Outputs
     from circuits.weights import from_hooked_transformer
+    from pipelines.analysis.circuit_tables import analyse_layer
     from pipelines.analysis.features import feature_tables
     from pipelines.analysis.judge import CIRCUIT_READS, judge_layer
     from pipelines.analysis.verdicts import InputFacts

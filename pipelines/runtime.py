@@ -15,8 +15,6 @@ from pathlib import Path
 import torch
 
 from circuits.config import Config, option
-from circuits.layer import intra_op_threads
-
 
 
 @dataclass(frozen=True)
@@ -84,3 +82,15 @@ def auto_threads(sample_s: float = 0.3) -> int:
         after = ticks()
         busy = cores * (after[0] - before[0]) / max(1, after[1] - before[1])
     return max(1, min(cores, cores - round(busy)))
+
+
+@contextmanager
+def intra_op_threads(n: int | None) -> Iterator[None]:
+    """Run the block with torch's intra-op thread count set to `n` (None: leave it)."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

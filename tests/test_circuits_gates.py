@@ -14,8 +14,10 @@ import pandas as pd
 import pytest
 import torch
 
-from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
+from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights
 from circuits.gates.pairs import CELLS, Candidates, GateStats
+from circuits.gates.ranking import and_score, gate_table_ranks, ranks_within
+from pipelines.analysis.circuit_tables import analyse_layer
 
 F64 = torch.float64
 D = 10
@@ -416,3 +418,37 @@ def test_min_active_threshold_is_inclusive_for_coactive_tokens():
     # one co-active token fewer than min_active: not ranked
     gates = run(mlp, identity_sae(dec), sae_out, (x, z, scale, acts), "mlp_in", min_active=16)["gates"]
     assert gates.data_rank.isna().all()
+
+
+def _brute_ranks(group, score) -> list[int]:
+    """1 + the candidates of the same group that beat each one: a larger score, or the same
+    score earlier; 0 for a NaN score."""
+    n = len(score)
+    return [0 if math.isnan(score[i]) else 1 + sum(
+        group[j] == group[i] and not math.isnan(score[j]) and (score[j] > score[i] or (score[j] == score[i] and j < i))
+        for j in range(n)) for i in range(n)]
+
+
+def test_ranks_within_each_group_take_the_largest_first_and_ties_in_order():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(0, 40))
+        group = rng.integers(0, 4, n)
+        score = rng.integers(-2, 3, n).astype(float)  # few values: many ties
+        score[rng.random(n) < 0.2] = np.nan
+        assert ranks_within(group, score).tolist() == _brute_ranks(group.tolist(), score.tolist())
+
+
+def test_the_gates_table_ranks():
+    out = np.array([0, 0, 0, 1, 1, 2, 2])
+    cross = np.array([1.0, 3.0, 2.0, 1.0, 1.0, 0.5, 4.0])
+    self_a = np.array([0.0, -2.5, 0.0, 0.0, 0.5, 0.0, 0.0])
+    self_b = np.zeros(7)
+    gate = np.array([0.1, 0.3, np.nan, 0.2, 0.2, np.nan, np.nan])
+    score = and_score(cross, self_a, self_b)
+    np.testing.assert_array_equal(score, [1.0, 0.5, 2.0, 1.0, 0.5, 0.5, 4.0])
+    weight, data, layer = gate_table_ranks(out, score, gate)
+    assert weight.tolist() == [2, 3, 1, 1, 2, 2, 1]
+    assert data.tolist() == [2, 1, 0, 1, 2, 0, 0]  # output 2 has no gate_score: no data rank
+    assert layer.tolist() == [0, 1, 0, 2, 0, 0, 0]  # each output's data-rank-1 pair, by gate_score
+    assert and_score(torch.tensor(cross), torch.tensor(self_a), torch.tensor(self_b)).tolist() == score.tolist()

@@ -8,12 +8,13 @@ import pandas as pd
 import pytest
 import torch
 
-from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
+from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights
 from circuits.bilinear import interaction_matrices
 from circuits.gates.pairs import coactive_pairs, merge_candidates, pair_coefficients
 from circuits.interactions import interaction_kinds, interactions_and_gates
 from circuits.sae_basis import project
 from circuits.spectra import ActiveCorrelation, lowrank_at
+from pipelines.analysis.circuit_tables import analyse_layer
 
 F64 = torch.float64
 

@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer, hosvd_outputs
+from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, hosvd_outputs
+from pipelines.analysis.circuit_tables import analyse_layer
 from pipelines.schemas import TABLES
 from pipelines.engine.tables import write_table
 

@@ -472,7 +472,7 @@ def test_export_matches_tables(tmp_path):
     lowrank, eigen, features = (schemas.select(read_table(run.tables, n)) for n in ("lowrank", "eigen", "features"))
     verdicts = schemas.select(read_table(run.tables, "gate_verdicts"))
     assert set(stats.columns) == {"corr", "n_active", "eig1", "energy1", *(f"{p}_{c}" for p in ("gate", "group") for c in (
-        "rank", "share", "and_data", "coactivation", "split", "a", "b"))}
+        "rank", "type", "causal", "share", "and_data", "coactivation", "split", "a", "b"))}
     seen = {"pair": 0, "group": 0}
     for i, row in base.iterrows():
         layer, f = row["layer"], row["feature"]
@@ -485,7 +485,8 @@ def test_export_matches_tables(tmp_path):
             if len(v):
                 seen[kind] += 1
                 v = v.iloc[0]
-                for column, key in (("circuit_rank", "rank"), ("contribution_share", "share"), ("and_data", "and_data"),
+                for column, key in (("circuit_rank", "rank"), ("gate_type", "type"), ("causal_score", "causal"),
+                                    ("contribution_share", "share"), ("and_data", "and_data"),
                                     ("coactivation", "coactivation"), ("split_pair", "split"), ("members_a", "a"),
                                     ("members_b", "b")):
                     assert_same(stats.at[i, f"{prefix}_{key}"], v[column], (prefix, key, i))
@@ -1019,7 +1020,8 @@ def js_fixed(value: float, digits: int) -> str:
 
 def test_the_first_page_leads_with_each_layers_ranked_circuits(browser, synthetic_site):
     """Before the list of every feature: per layer, the best candidates of each kind in
-    circuit-rank order, their shares as percentages and and_data to two decimals."""
+    circuit-rank order, their gate type, causal score and and_data to two decimals, their shares
+    as percentages."""
     site = synthetic_site
     page = Page(browser, site.explorer)
     p = page.page
@@ -1035,10 +1037,11 @@ def test_the_first_page_leads_with_each_layers_ranked_circuits(browser, syntheti
         for kind in ("pair", "group"):
             best = verdicts[(verdicts["layer"] == layer) & (verdicts["kind"] == kind)].sort_values("circuit_rank")
             best = best.drop_duplicates("out_feature").head(5)  # an output's candidate: its best by rank
-            want += [[str(r.circuit_rank), f"out #{r.out_feature}", js_fixed(100 * stored(r.contribution_share), 1) + "%",
+            want += [[str(r.circuit_rank), f"out #{r.out_feature}", r.gate_type, js_fixed(stored(r.causal_score), 2),
+                      js_fixed(100 * stored(r.contribution_share), 1) + "%",
                       js_fixed(100 * stored(r.coactivation), 1) + "%", js_fixed(stored(r.and_data), 2)]
                      for r in best.itertuples()]
-        got = [[row[1], row[2].split(" ")[0] + " " + row[2].split(" ")[1], row[5], row[6], row[7]] for row in cells]
+        got = [[row[1], row[2].split(" ")[0] + " " + row[2].split(" ")[1], *row[5:10]] for row in cells]
         assert got == want, layer
     # frequencies read as percentages with two significant digits below 1%
     base = xdata.decode_table(load_data(site.paths, "index")["features"])

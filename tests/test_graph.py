@@ -5,6 +5,7 @@ name kept nodes, and bad input gets a one-line error."""
 from __future__ import annotations
 
 import json
+import shutil
 import tarfile
 import threading
 from pathlib import Path
@@ -106,6 +107,21 @@ def test_target_option_and_bad_input(run, tmp_path, capsys):
     assert "reads width 16 but the model's d_model is 32" in err
 
 
+def test_saes_trained_on_another_model_of_the_same_shape_are_refused(run, tmp_path, capsys):
+    """An SAE of the same width and hook, but trained on another model (its stamp records that
+    model's digest), is refused by name rather than read as if it belonged to this one."""
+    other = tmp_path / "other_resid_mid"
+    shutil.copytree(run / "saes" / "layer0_resid_mid", other)
+    stamp = json.loads((other / ".stamp.json").read_text())
+    stamp["inputs"]["model"] = "0" * 64
+    (other / ".stamp.json").write_text(json.dumps(stamp))
+    capsys.readouterr()
+    assert main(["graph", "--out", str(run), "--threads", "1", "--prompt", "she was not", "--layer", "0",
+                 "--sae-in", str(other), "--sae-out", str(run / "saes" / "layer0_mlp_out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and str(other) in err and "another model" in err and "\n" not in err, err
+
+
 def test_explicit_saes_of_one_layer(run):
     out = ["--out", str(run), "--threads", "1"]
     assert main(["graph", *out, "--prompt", "The dog was happy", "--layer", "1", "--sae-in",
@@ -120,14 +136,19 @@ def test_explicit_saes_of_one_layer(run):
     assert torch.isfinite(torch.tensor(pd.to_numeric(nodes["value"]).to_numpy())).all()
 
 
-JETPACK = Path(__file__).resolve().parents[1] / ".cache" / "npm" / "d3-jetpack-2.3.0.tgz"  # `make install` fetches it
+NPM = Path(__file__).resolve().parents[1] / ".cache" / "npm"  # `make install` fetches these packages
+JETPACK, DAGRE = NPM / "d3-jetpack-2.3.0.tgz", NPM / "dagre-0.8.5.tgz"
+
+
+def _npm_file(package: Path, member: str) -> str:
+    with tarfile.open(package) as tar:
+        return tar.extractfile(f"package/{member}").read().decode()
 
 
 def _d3_with_jetpack() -> str:
     """npm's d3 v7 + jetpack bundle, its jetpack methods put on the prototypes `d3.select` uses
     (the bundle holds two copies of d3-selection and patches the other one)."""
-    with tarfile.open(JETPACK) as tar:
-        bundle = tar.extractfile("package/build/d3v7+jetpack.js").read().decode()
+    bundle = _npm_file(JETPACK, "build/d3v7+jetpack.js")
     marker = "selection.prototype.translate = translateSelection;"
     head, _, tail = bundle.rpartition(marker)
     tail = tail.replace("selection.prototype.", "selection$1.prototype.").replace("transition.prototype.",
@@ -135,13 +156,22 @@ def _d3_with_jetpack() -> str:
     return head + marker.replace("selection.", "selection$1.") + tail
 
 
-def test_circuit_tracers_viewer_reads_the_served_graph(run):
-    """circuit-tracer's own server and front end, in Debian's chromium: the page lists our
-    graphs, fetches the one asked for, and its own data code keeps every node and link.
+def _viewer_scripts() -> dict[str, str]:
+    """What the test serves for the viewer's scripts from the web, by file name: d3 with npm's
+    jetpack, our shim for the rest of the web-hosted jetpack build, npm's dagre (the subgraph's
+    layout); the others (live reload, .npy and gzip readers) are unused on our files and left empty."""
+    return {"d3.js": _d3_with_jetpack(), "dagre.min.js": _npm_file(DAGRE, "dist/dagre.min.js"),
+            "jetpack_2024-07-20.js": (Path(__file__).parent / "circuit_tracer_viewer_shim.js").read_text()}
 
-    The viewer loads d3 and its helpers from the web; here d3 comes from npm's d3-jetpack bundle
-    and the other scripts are left empty. Drawing the nodes needs the viewer's own jetpack build
-    (`d3.conventions` with canvas layers), which only its web host serves, so it is not checked.
+
+def test_circuit_tracers_viewer_draws_the_served_graph(run):
+    """circuit-tracer's own server and front end, in Debian's chromium: the page lists our
+    graphs, fetches the one asked for, its own data code keeps every node and link, its link
+    graph draws one mark per node of our file, and clicking the top logit draws its links and
+    lists its input features.
+
+    The viewer loads d3 and its helpers from the web; here they come from npm and from our shim
+    of the viewer's jetpack build (`_viewer_scripts`).
     """
     from tests.test_explorer import CHROMIUM_ARGS, chromium_path
 
@@ -149,8 +179,8 @@ def test_circuit_tracers_viewer_reads_the_served_graph(run):
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.skip("playwright is not installed")
-    if chromium_path() is None or not JETPACK.is_file():
-        pytest.skip("needs Debian's chromium and npm's d3-jetpack (make install fetches it)")
+    if chromium_path() is None or not (JETPACK.is_file() and DAGRE.is_file()):
+        pytest.skip("needs Debian's chromium and npm's d3-jetpack and dagre (make install fetches them)")
     from pipelines.graph.serve import graph_server
 
     slug = json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"][0]["slug"]
@@ -161,7 +191,7 @@ def test_circuit_tracers_viewer_reads_the_served_graph(run):
     assert server.server_address[0] == "127.0.0.1"
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    d3 = _d3_with_jetpack()
+    scripts = _viewer_scripts()
     errors, fetched = [], []
     try:
         with sync_playwright() as p:
@@ -170,29 +200,54 @@ def test_circuit_tracers_viewer_reads_the_served_graph(run):
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.on("response", lambda r: fetched.append((r.status, r.url)))
             page.route(lambda url: not url.startswith(f"http://127.0.0.1:{port}/"),
-                       lambda route: route.fulfill(body=d3 if route.request.url.endswith("/d3.js") else "",
+                       lambda route: route.fulfill(body=scripts.get(route.request.url.rsplit("/", 1)[1], ""),
                                                    content_type="application/javascript"))
             page.goto(f"http://127.0.0.1:{port}/index.html?slug={slug}")
             page.wait_for_function("document.querySelectorAll('select.graph-prompt-select option').length > 0")
             options = page.eval_on_selector_all("select.graph-prompt-select option", "els => els.map(e => e.value)")
-            page.wait_for_function("document.querySelectorAll('.link-graph svg').length > 0", timeout=20000)
+            page.wait_for_function("document.querySelectorAll('.link-graph text.node').length > 0", timeout=20000)
             seen = page.evaluate("""async slug => {
                 const data = await util.getFile(`./graph_data/${slug}.json`)
                 const formatted = await utilCg.formatData(data, {pinnedIds: []})
                 return {nodes: formatted.nodes.map(d => d.nodeId), links: formatted.links.length,
                         logits: formatted.nodes.filter(d => d.feature_type == 'logit').map(d => d.logitPct)}
             }""", slug)
+            # each mark's node and its place: inside the plot, on its own spot
+            drawn = page.eval_on_selector_all(".link-graph text.node", """els => els.map(e => {
+                const r = e.getBoundingClientRect()
+                return {id: e.__data__.nodeId, type: e.__data__.feature_type, x: r.x + r.width / 2,
+                        y: r.y + r.height / 2, clerp: e.__data__.clerp, p: e.__data__.logitPct}})""")
+            plot = page.eval_on_selector(".link-graph svg", "e => { const r = e.getBoundingClientRect(); "
+                                         "return [r.x, r.y, r.x + r.width, r.y + r.height] }")
+            top = max((d for d in drawn if d["type"] == "logit"), key=lambda d: d["p"])
+            page.mouse.click(top["x"], top["y"])
+            page.wait_for_function("document.querySelectorAll('.link-graph text.node.clicked').length == 1")
+            clicked = page.eval_on_selector(".link-graph text.node.clicked", "e => e.__data__.nodeId")
+            painted = page.evaluate("""() => [...document.querySelectorAll('.link-graph canvas')].map(cv => {
+                const a = cv.getContext('2d').getImageData(0, 0, cv.width, cv.height).data
+                let n = 0
+                for (let i = 3; i < a.length; i += 4) n += a[i] > 0
+                return n })""")
+            title = page.inner_text(".node-connections .feature-title")
+            inputs = page.eval_on_selector_all(".node-connections .input .feature-row", "els => els.map(e => e.__data__.nodeId)")
             browser.close()
     finally:
         server.shutdown()
         server.server_close()
-    # the only errors: drawing helpers of the viewer's own jetpack build (`c.drawAxis`, ...)
-    assert all(e.startswith("c.") and e.endswith("is not a function") for e in errors), errors
+    assert not errors, errors
     assert set(options) == {g["slug"] for g in json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"]}
     assert (200, f"http://127.0.0.1:{port}/graph_data/{slug}.json") in fetched
     assert sorted(seen["nodes"]) == sorted(n["node_id"] for n in data["nodes"])
     assert seen["links"] == len(data["links"])
     assert all(p > 0 for p in seen["logits"])  # the viewer parses each logit's probability from its label
+    assert sorted(d["id"] for d in drawn) == sorted(n["node_id"] for n in data["nodes"])
+    assert all(plot[0] < d["x"] < plot[2] and plot[1] < d["y"] < plot[3] for d in drawn)
+    assert len({(round(d["x"], 1), round(d["y"], 1)) for d in drawn}) == len(drawn)
+    assert clicked == top["id"] and title == top["clerp"]
+    # its incoming links, drawn on the canvas layers, their sources listed as its input features
+    assert any(painted), painted
+    sources = {link["source"] for link in data["links"] if link["target"] == top["id"] and link["weight"] != 0}
+    assert sources and sorted(inputs) == sorted(sources)
 
 
 def test_demo_graph_of_a_negation_prompt(run):

@@ -1,5 +1,6 @@
-"""What imports what: the report and the explorer stand apart from the stages, and a command
-without --ray never loads Ray."""
+"""What imports what: the report and the explorer stand apart from the stages, a command
+without --ray never loads Ray, and `circuits` is tensor math without tables, progress bars or
+thread pools."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = ROOT / "pipelines"
 APART = ("report", "explorer")  # they read a run's files; they must not pull in the code that writes them
+CIRCUITS = ROOT / "circuits"
+# tables, progress and threads belong in pipelines/ (README, "Layout")
+NOT_IN_CIRCUITS = ("pandas", "tqdm", "concurrent.futures", "threading", "multiprocessing")
 
 
 def _module(path: Path) -> str:
@@ -74,6 +78,35 @@ assert "ray" not in sys.modules, "loaded ray on import"
 # a real command without --ray, run to the end (main leaves a Ray runtime it joined, if any, on the way out)
 assert cli.main(["corpus", "--out", {str(tmp_path / "run")!r}, "--n-stories", "20"]) == 0
 assert "ray" not in sys.modules, "loaded ray running a command"
+"""
+    _python(code)
+
+
+def _banned(name: str) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in NOT_IN_CIRCUITS)
+
+
+def test_no_circuits_module_imports_tables_progress_or_threads():
+    files = sorted(CIRCUITS.rglob("*.py"))
+    assert len(files) >= 10  # the folder was found
+    offending = [f"{f.relative_to(ROOT)}:{line} imports {name}" for f in files for line, name in _imported(f)
+                 if _banned(name) or name.startswith("pipelines")]
+    assert not offending, "\n".join(offending)
+
+
+def test_loading_every_circuits_module_loads_no_tables_progress_or_threads():
+    # torch itself loads tqdm and concurrent.futures: what counts is what circuits adds to torch and numpy
+    modules = sorted(_module(f) for f in CIRCUITS.rglob("*.py"))
+    code = f"""import importlib, sys
+import numpy, torch
+banned = {NOT_IN_CIRCUITS!r}
+loaded = lambda: {{m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in banned)}}
+before = loaded()
+for m in {modules!r}:
+    importlib.import_module(m)
+added = sorted(loaded() - before)
+assert not added, f"importing circuits loaded {{added}}"
+assert "pandas" not in sys.modules, "loaded pandas"
 """
     _python(code)
 

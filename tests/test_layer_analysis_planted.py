@@ -7,8 +7,9 @@ import math
 import numpy as np
 import torch
 
-from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights, analyse_layer
+from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights
 from circuits.sae_basis import output_directions
+from pipelines.analysis.circuit_tables import analyse_layer
 
 D, N_IN, N_OUT = 16, 12, 8
 F64 = torch.float64

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from circuits.layer import CircuitConfig, intra_op_threads
+from circuits.layer import CircuitConfig
+from pipelines.runtime import intra_op_threads
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.planted import PlantedConfig, analyse, build_world, score

@@ -132,7 +132,7 @@ def test_page_has_every_section_and_the_model_figures(run, page):
 
 def _check_candidate_tables(run, text: str) -> bool:
     """Each layer's tables list its best candidates of each kind by circuit_rank, with the
-    verdicts, members, split flags, descriptions and negation labels of `gate_verdicts`;
+    gate types, verdicts, members, split flags, descriptions and negation labels of `gate_verdicts`;
     returns whether the page has the negation column."""
     parsed = _parse(text)
     verdicts = _verdicts(run)
@@ -149,11 +149,12 @@ def _check_candidate_tables(run, text: str) -> bool:
                 assert cells[2].startswith(_members(row["members_a"]))
                 assert cells[3].startswith(_members(row["members_b"]))
                 assert "(nan)" not in cells[2] + cells[3]  # an unlabelled side shows no label
-                assert cells[8] == ("yes" if row["split_pair"] else "")
-                assert cells[10] == row["verdict"]
+                assert cells[4] == row["gate_type"]
+                assert cells[10] == ("yes" if row["split_pair"] else "")
+                assert cells[12] == row["verdict"]
                 if labelled:
-                    assert cells.pop(11) == ("yes" if row["negation_gate"] else "no")
-                assert len(cells) == 14 and cells[11] == row["out_description"]
+                    assert cells.pop(13) == ("yes" if row["negation_gate"] else "no")
+                assert len(cells) == 16 and cells[13] == row["out_description"]
     return labelled
 
 

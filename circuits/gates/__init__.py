@@ -6,7 +6,8 @@ groups of them, each rule explained once, in its module:
 - `groups`: the same for group gates (eigenvector reading sets, label classes);
 - `interventions`: exact layer-local interventions, f with a side removed from the MLP input;
 - `types`: the gate types and the causal score, from the interventions' truth table;
-- `ranking`: the split rule and the circuit ranking pairs and group gates share.
+- `ranking`: every ranking: the gates table's weight-only `and_score` and its ranks, the
+  split rule, and the circuit ranking pairs and group gates share.
 
 Everything here is tensor or array math; the tables are built in `pipelines.analysis`.
 """

@@ -103,6 +103,16 @@ def pair_coefficients(
     return result
 
 
+def pair_terms(
+    W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, basis: torch.Tensor,
+    directions: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The weight terms of candidates `(out, a, b) [P]` (`pair_coefficients`), each `[P]`: the
+    cross coefficient `2 Qt[a, b]` and the self coefficients `Qt[a, a]` and `Qt[b, b]`."""
+    term = lambda i, j: pair_coefficients(W_gate, W_in, W_out, basis, directions, out, i, j)  # noqa: E731
+    return 2 * term(a, b), term(a, a), term(b, b)
+
+
 class GateStats:
     """Streamed data statistics of candidate pairs (see the module docstring)."""
 

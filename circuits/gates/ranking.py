@@ -1,4 +1,13 @@
-"""The circuit ranking of pairs and group gates, and the split rule.
+"""Every ranking of gate candidates: the gates table's weight and data ranks, the circuit
+ranking of pairs and group gates, and the split rule.
+
+The gates table. The weight-only AND score of a pair (a, b) of an output is
+`and_score = cross - |self_a| - |self_b|` with `cross = 2 Qt[a,b]`, `self_a = Qt[a,a]`,
+`self_b = Qt[b,b]`: high when the pair matters together (large positive cross term) and
+neither input alone (small self terms). Among an output's candidates, `weight_rank` ranks by
+`and_score` and `data_rank` by `gate_score` (`circuits.gates.pairs`; candidates without one
+are not ranked); `layer_rank` ranks the layer's outputs' data-rank-1 pairs by `gate_score`.
+All are 1 for the best, with ties in the candidates' order (`ranks_within`).
 
 Split. Two input latents can be one concept written twice (a word and its feature split by
 the SAE). Such a *split pair* looks like an AND in correlational statistics: its inputs fire
@@ -31,6 +40,34 @@ a reader finds what was demoted and why. Untested candidates (no score) are not 
 from __future__ import annotations
 
 import numpy as np
+
+
+def and_score(cross, self_a, self_b):
+    """The weight-only AND score (module docstring), elementwise on arrays or tensors `[n]`."""
+    return cross - abs(self_a) - abs(self_b)
+
+
+def ranks_within(group: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """`[n]` 1-based rank of each `score [n]` among those of its `group [n]`, the largest first
+    and equal scores in their order here; 0 where the score is NaN (not ranked)."""
+    group, score = np.asarray(group), np.asarray(score, dtype=float)
+    ranked = np.flatnonzero(~np.isnan(score))
+    order = ranked[np.lexsort((ranked, -score[ranked], group[ranked]))]
+    start = np.ones(len(order), dtype=bool)
+    start[1:] = group[order][1:] != group[order][:-1]
+    position = np.arange(len(order))
+    rank = np.zeros(len(score), dtype=np.int64)
+    rank[order] = position - np.maximum.accumulate(np.where(start, position, 0)) + 1
+    return rank
+
+
+def gate_table_ranks(out: np.ndarray, and_scores: np.ndarray, gate_score: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`weight_rank, data_rank, layer_rank [n]` of a layer's candidates (module docstring),
+    from their output `out [n]`, `and_score [n]` and `gate_score [n]`; 0 where not ranked."""
+    data_rank = ranks_within(out, gate_score)
+    best = np.where(data_rank == 1, np.asarray(gate_score, dtype=float), np.nan)
+    return ranks_within(out, and_scores), data_rank, ranks_within(np.zeros(len(best), dtype=np.int64), best)
 
 
 def split_evidence(same_token: np.ndarray, shared_token: np.ndarray, cosine: np.ndarray, lift: np.ndarray,

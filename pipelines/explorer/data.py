@@ -330,9 +330,10 @@ def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts:
                 # an output's candidate; split pairs that outscore it come after it by circuit_rank
                 best = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank").drop_duplicates(
                     ["layer", "out_feature"])
-                best = best[["layer", "out_feature", "circuit_rank", "contribution_share", "and_data", "coactivation",
-                             "split_pair", "members_a", "members_b"]].rename(columns={
-                    "out_feature": "feature", "circuit_rank": f"{prefix}_rank", "contribution_share": f"{prefix}_share",
+                best = best[["layer", "out_feature", "circuit_rank", "gate_type", "causal_score", "contribution_share",
+                             "and_data", "coactivation", "split_pair", "members_a", "members_b"]].rename(columns={
+                    "out_feature": "feature", "circuit_rank": f"{prefix}_rank", "gate_type": f"{prefix}_type",
+                    "causal_score": f"{prefix}_causal", "contribution_share": f"{prefix}_share",
                     "and_data": f"{prefix}_and_data", "coactivation": f"{prefix}_coactivation",
                     "split_pair": f"{prefix}_split", "members_a": f"{prefix}_a", "members_b": f"{prefix}_b"})
                 frame = frame.merge(best, on=["layer", "feature"], how="left")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from circuits.layer import analyse_layer
+from pipelines.analysis.circuit_tables import analyse_layer
 from circuits.weights import from_hooked_transformer
 from pipelines import schemas, summary
 from pipelines.analysis.outputs import parse_outputs

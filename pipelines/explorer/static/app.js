@@ -289,8 +289,10 @@
     }
     html += `<p class="note">Each layer's best ${RANKED_SHOWN} circuit candidates of each kind by circuit rank: an output
       feature of the output SAE and the two sides that build it (input features of the SAE on <b>${esc(state.site)}</b>).
+      <b>type</b>: what removing each side from the MLP input does to the output (exact interventions; the rule is in
+      <code>circuits.gates.types</code>); <b>causal</b>: the causal score the ranking orders by (<code>circuits.gates.ranking</code>);
       <b>share</b>: the cross terms' share of the output's activation on held-out tokens; <b>both on</b>: how often both
-      sides are active where the output is; <b>and_data</b>: near 1 for an AND, near 0 for an OR.</p>`;
+      sides are active where the output is; <b>and_data</b>: the truth table's AND measure (correlational).</p>`;
     const layers = col(base, "layer"), feats = col(base, "feature"), desc = col(base, "description") || [];
     const SIDE_SHOWN = 6;  // members of a group side listed; the layer and feature pages list them all
     const sides = (layer, list) => (list || []).slice(0, SIDE_SHOWN).map((m) => m < 0 ? "const" :
@@ -309,13 +311,15 @@
             `<td class="text"><a class="feat" href="${link(`/out/${layer}/${f}`)}">out #${f}</a> <span class="desc">${esc(trunc(desc[i], 60))}</span></td>` +
             `<td class="text">${sides(layer, val(stats, prefix + "_a", i))}</td><td class="text">${sides(layer, val(stats, prefix + "_b", i))}` +
             `${val(stats, prefix + "_split", i) ? ' <span class="tag no">split</span>' : ""}</td>` +
+            `<td class="text">${esc(val(stats, prefix + "_type", i) ?? "–")}</td><td>${two(val(stats, prefix + "_causal", i))}</td>` +
             `<td>${pct(val(stats, prefix + "_share", i))}</td><td>${pct(val(stats, prefix + "_coactivation", i))}</td>` +
             `<td>${two(val(stats, prefix + "_and_data", i))}</td></tr>`);
         }
       }
       html += `<h2 id="ranked-L${layer}">Layer ${layer} <a class="note" href="${link("/layer/" + layer)}">(all its candidates)</a></h2>` +
         (rows.length ? `<table class="data ranked" data-layer="${layer}"><thead><tr><th class="text">kind</th><th>rank</th>` +
-          `<th class="text">output</th><th class="text">side a</th><th class="text">side b</th><th>share</th><th>both on</th>` +
+          `<th class="text">output</th><th class="text">side a</th><th class="text">side b</th><th class="text">type</th>` +
+          `<th>causal</th><th>share</th><th>both on</th>` +
           `<th>and_data</th></tr></thead><tbody>${rows.join("")}</tbody></table>`
           : '<p class="note">Verdicts not run for this layer: no ranked candidates yet.</p>');
     }
@@ -835,17 +839,19 @@
                                 "verdicts not run for this layer");
     else {
       html += `<p class="note">Each output feature's circuit candidate pair and its best group gate, ranked within the layer by
-        gate_score (the contribution to the output's activation times and_data), split pairs after every other candidate; verdicts from the
-        truth tables and, for the best ones, ablations.</p>`;
+        what exact interventions show (<code>circuits.gates.ranking</code>: gate type and causal score, split ones last); verdicts
+        from the model-run ablation of the best ones, on tokens the ranking never read.</p>`;
       for (const [kind, title] of [["pair", "Input pairs"], ["group", "Group gates"]]) {
         const ranked = rowsOf(v, "kind", kind).map((i) => rec(v, i)).sort((a, b) => a.circuit_rank - b.circuit_rank);
         html += `<h3>${title} <span class="note">(${ranked.length}${ranked.length > 100 ? ", the best 100 shown" : ""})</span></h3>` +
           (ranked.length ? `<div class="scroll tall">` + tableHtml(
-          ["circuit rank", "!output feature", "!side a", "!side b", "gate_score", "contribution share", "coactivation", "and_data", "!verdict"],
+          ["circuit rank", "!output feature", "!side a", "!side b", "!type", "causal score", "synergy", "gate_score",
+           "contribution share", "and_data", "!verdict"],
           ranked.slice(0, 100).map((r) => [fmt(r.circuit_rank), outLink(layer, r.out_feature, fi, 40),
             (r.label_a ? esc(r.label_a) + ": " : "") + (kind === "pair" ? inLink(layer, r.in_a, fi, 25) : members(layer, r.members_a, fi)),
             (r.label_b ? esc(r.label_b) + ": " : "") + (kind === "pair" ? inLink(layer, r.in_b, fi, 25) : members(layer, r.members_b, fi)),
-            fmt(r.gate_score), fmt(r.contribution_share), fmt(r.coactivation), fmt(r.and_data),
+            esc(r.gate_type ?? ""), fmt(r.causal_score), fmt(r.synergy), fmt(r.gate_score), fmt(r.contribution_share),
+            fmt(r.and_data),
             (r.is_and ? '<span class="tag yes">AND</span> ' : "") + (r.split_pair ? '<span class="tag no">split</span> ' : "") +
             (r.negation_gate === true ? '<span class="tag yes">negation</span> ' : "") + esc(r.verdict)]), `best-${kind}s`) + `</div>`
           : '<p class="note">No ranked candidates of this kind in this layer.</p>');
