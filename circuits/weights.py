@@ -76,6 +76,15 @@ class SAEWeights:
             pre = torch.zeros_like(pre).scatter_(-1, indices, values)
         return pre.relu() if self.relu else pre
 
+    def encode_at(self, pre: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+        """`encode`'s value of latent `latent[i]` in row i `[N]`, from pre-activations `pre [N, d_sae]`:
+        with TopK, the latent is kept when fewer than k latents exceed it (a rank test, not a
+        selection of every latent; the two differ only on exact ties)."""
+        value = pre.gather(-1, latent[:, None])[:, 0]
+        if self.k is not None and self.k < self.d_sae:
+            value = torch.where((pre > value[:, None]).sum(-1) < self.k, value, torch.zeros_like(value))
+        return value.relu() if self.relu else value
+
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """Reconstruction `[..., d_in]` of activations `z [..., d_sae]`."""
         return z @ self.W_dec + self.b_dec

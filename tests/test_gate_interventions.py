@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from circuits.bilinear import interaction_matrices
-from circuits.gates.interventions import (Entries, LayerIntervention, Sides, candidate_tokens, intervention_table,
-                                          member_effects)
+from circuits.gates.interventions import (Entries, LayerIntervention, Sides, _unique_rows, candidate_tokens,
+                                          intervention_table, member_effects, side_removal)
 from circuits.gates.ranking import circuit_ranks, is_split
 from circuits.gates.types import GateThresholds, causal_score, closed_form, gate_types, keeps
 from circuits.weights import MLPWeights, SAEWeights
@@ -83,17 +83,68 @@ def test_synergy_of_a_quadratic_form_is_its_cross_term():
     assert np.abs(cross).min() > 1e-4
 
 
-def test_candidate_tokens_are_exactly_where_the_output_is_active_and_both_sides_on():
+@pytest.mark.parametrize("n_tokens, block", [(40, 4096), (77, 2)])
+def test_candidate_tokens_are_exactly_where_the_output_is_active_and_both_sides_on(n_tokens, block):
     g = torch.Generator().manual_seed(2)
-    on = torch.rand(40, N_IN, generator=g) < 0.5
-    active = torch.rand(40, N_OUT, generator=g) < 0.5
-    sides = Sides.of_groups([0, 5, 5, 9, 15], [[0], [1, 2], [3], [4, 5, 6], [7]], [[1], [3], [8, 9], [10], [11]])
-    found = candidate_tokens(on, active, sides)
-    got = set(zip(found.cand.tolist(), found.token.tolist()))
-    want = {(c, t) for c in range(5) for t in range(40)
+    on = torch.rand(n_tokens, N_IN, generator=g) < 0.5
+    active = torch.rand(n_tokens, N_OUT, generator=g) < 0.5
+    sides = Sides.of_groups([5, 0, 5, 9, 15], [[1, 2], [0], [3], [4, 5, 6], [7]], [[3], [1], [8, 9], [10], [11]])
+    found = candidate_tokens(on, active, sides, block=block)
+    got = list(zip(found.cand.tolist(), found.token.tolist()))
+    want = {(c, t) for c in range(5) for t in range(n_tokens)
             if active[t, sides.out[c]] and on[t, sides.a[c][sides.a[c] >= 0]].any()
             and on[t, sides.b[c][sides.b[c] >= 0]].any()}
-    assert got == want and len(found.cand) == len(want) and len(want) > 10
+    assert set(got) == want and len(got) == len(want) and len(want) > 10
+    # the order the token sample's random keys follow: by token, then output, then candidate
+    assert got == sorted(got, key=lambda e: (e[1], int(sides.out[e[0]]), e[0]))
+
+
+@pytest.mark.parametrize("k, relu", [(4, True), (4, False), (None, True), (N_OUT, False)])
+def test_encode_at_is_the_encoding_read_at_one_latent(k, relu):
+    _, _, sae_out, randn = world(4, k=k, relu=relu)
+    pre = randn(50, N_OUT)
+    latent = torch.randint(0, N_OUT, (50,), generator=torch.Generator().manual_seed(0))
+    latent[:10] = pre[:10].argmax(-1)  # some surely selected
+    want = (pre.topk(k, -1).values.min(-1).values[:, None] <= pre) * pre if k else pre
+    want = want.relu() if relu else want
+    got = sae_out.encode_at(pre, latent)
+    torch.testing.assert_close(got, want[torch.arange(50), latent])
+    assert (got != 0).any() and ((got == 0).any() or k != 4)  # TopK of 4 leaves latents out
+
+
+@pytest.mark.parametrize("base, width", [(7, 3), (7, 40)])
+def test_unique_rows_groups_equal_rows_as_torch_unique_does(base, width):
+    g = torch.Generator().manual_seed(5)
+    pool = torch.randint(0, base, (30, width + 1), generator=g)
+    pool[:, 0] = torch.randint(0, 1000, (30,), generator=g)  # the first column (a token) is not bounded by base
+    rows = pool[torch.randint(0, 30, (200,), generator=g)]  # many repeats
+    got = _unique_rows(rows, base)
+    want = torch.unique(rows, dim=0, return_inverse=True)[1]
+    same = lambda inverse: inverse[:, None] == inverse[None, :]  # noqa: E731
+    assert torch.equal(same(got), same(want)) and len(got.unique()) < 200
+
+
+def test_intervention_table_equals_evaluate_entry_by_entry():
+    # shared evaluations (rows removing the same latents at a token) and the chunk's projections
+    # give what evaluating each entry alone gives, TopK selection included
+    mlp, W_dec, sae_out, randn = world(6)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    z = torch.where(torch.rand(8, N_IN, generator=torch.Generator().manual_seed(1), dtype=F64) < 0.4,
+                    randn(8, N_IN).abs(), torch.zeros(8, N_IN, dtype=F64))
+    source = z @ W_dec + randn(8, D) / 4
+    sides = Sides.of_groups([3, 3, 11, 0, 6, 3], [[1], [1, 2], [8], [3, 9], [2], [1]], [[2], [8, 9], [1, 3], [1], [9], [5]])
+    entries = Entries(cand=torch.tensor([0, 0, 1, 2, 3, 4, 5, 5, 1]), token=torch.tensor([0, 1, 1, 2, 3, 4, 1, 7, 7]))
+    table = intervention_table(layer, source, z, sides, entries, chunk=4)
+    out = sides.out[entries.cand]
+    n = torch.bincount(entries.cand, minlength=len(sides)).double()
+    members = {"none": torch.full((len(entries.cand), 1), -1), "a": sides.a[entries.cand], "b": sides.b[entries.cand]}
+    members["ab"] = torch.cat([members["a"], members["b"]], 1)
+    for r, m in members.items():
+        pre, act = layer.evaluate(source, entries.token, out, *side_removal(z[entries.token], m))
+        for kind, values in (("pre", pre), ("act", act)):
+            mean = torch.zeros(len(sides), dtype=F64).index_add_(0, entries.cand, values) / n
+            torch.testing.assert_close(table[f"{kind}_{r}"], mean)
+    assert (table["act_ab"] == 0).any() or (table["act_a"] == 0).any() or (table["act_b"] == 0).any()
 
 
 def test_member_effects_find_the_members_that_matter():

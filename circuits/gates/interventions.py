@@ -25,6 +25,7 @@ sides present (t11), `f_a` with A removed (t01: only B left), `f_b` with B remov
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -76,47 +77,58 @@ class LayerIntervention:
         self.P_gate = (W_dec * self.gain) @ mlp.W_gate  # [n_in, d_mlp]
         self.P_in = (W_dec * self.gain) @ mlp.W_in
 
+    def project(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`y W_gate` and `y W_in` `[U, d_mlp]` each of the site's values `source [U, d]`
+        (`y = g * source`), before the norm's factor: what `evaluate` starts from at a token."""
+        y = source * self.gain
+        return y @ self.mlp.W_gate, y @ self.mlp.W_in
+
     @torch.no_grad()
     def evaluate(self, source: torch.Tensor, token: torch.Tensor, out: torch.Tensor | None, entry: torch.Tensor,
-                 member: torch.Tensor, coef: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """f's pre-activation and activation `[N]` each after removals (every output's,
-        `[N, n_out]`, when `out` is None).
+                 member: torch.Tensor, coef: torch.Tensor, projected: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """f's pre-activation and activation `[N]` each after removals (every output's
+        pre-activation, `[N, n_out]`, and None when `out` is None).
 
         `source [U, d]`: the input SAE's site at U tokens; `token [N]`, `out [N]`: the token
         and output of each evaluation; `entry, member, coef [K]`: evaluation `entry[k]` loses
-        `coef[k] * d_member[k]` (no entry: nothing removed).
+        `coef[k] * d_member[k]` (no entry: nothing removed); `projected`: `project(source)`,
+        when the caller evaluates the same tokens several times.
         """
         N = len(token)
         removed = lambda table: torch.zeros(N, table.shape[1], dtype=table.dtype, device=table.device).index_add_(  # noqa: E731
             0, entry, coef[:, None].to(table.dtype) * table[member])
-        y = source * self.gain
-        unique, inverse = token.unique(return_inverse=True)
-        gate = (y[unique] @ self.mlp.W_gate)[inverse] - removed(self.P_gate)  # [N, d_mlp]
-        lin = (y[unique] @ self.mlp.W_in)[inverse] - removed(self.P_in)
+        if projected is None:  # only the tokens evaluated
+            unique, token_of = token.unique(return_inverse=True)
+            projected, source = self.project(source[unique]), source[unique]
+        else:
+            token_of = token
+        gate = projected[0][token_of] - removed(self.P_gate)  # [N, d_mlp]
+        lin = projected[1][token_of] - removed(self.P_in)
         if self.site == RESID_MID:
-            r = source[token] - removed(self.W_dec)
+            r = source[token_of] - removed(self.W_dec)
             factor = torch.rsqrt(r.square().mean(-1) + self.mlp.eps)[:, None]
             gate, lin = gate * factor, lin * factor
-        mlp_out = (gate * lin + self.mlp.b_in) @ self.mlp.W_out + self.mlp.b_out
-        pre, act = self.sae_out.pre(mlp_out), self.sae_out.encode(mlp_out)
+        pre = self.sae_out.pre((gate * lin + self.mlp.b_in) @ self.mlp.W_out + self.mlp.b_out)
         if out is None:
-            return pre, act
-        rows = torch.arange(N, device=out.device)
-        return pre[rows, out], act[rows, out]
+            return pre, None
+        return pre[torch.arange(N, device=out.device), out], self.sae_out.encode_at(pre, out)
 
     def evaluate_shared(self, source: torch.Tensor, z: torch.Tensor, token: torch.Tensor, out: torch.Tensor,
-                        members: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                        members: torch.Tensor, projected: tuple[torch.Tensor, torch.Tensor] | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """`evaluate` of each row removing its `members [N, M]` (-1 padding) at its token, with
         the latents `z [N, n_in]` there; rows that remove the same active latents at the same
         token (candidates of other outputs, or sharing a side) are computed once, for every
         output, and read at their own."""
         coef = _coefficients(z, members)
         active = torch.where(coef != 0, members, torch.full_like(members, -1)).sort(1).values
-        key, inverse = torch.unique(torch.cat([token[:, None], active], 1), dim=0, return_inverse=True)
-        first = torch.zeros(len(key), dtype=torch.long, device=token.device).scatter_(
-            0, inverse, torch.arange(len(token), device=token.device))
-        pre, act = self.evaluate(source, key[:, 0], None, *side_removal(z[first], key[:, 1:]))
-        return pre[inverse, out], act[inverse, out]
+        inverse = _unique_rows(torch.cat([token[:, None], active + 1], 1), z.shape[1] + 1)
+        first = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long,
+                            device=token.device).scatter_(0, inverse, torch.arange(len(token), device=token.device))
+        pre = self.evaluate(source, token[first], None, *side_removal(z[first], active[first]), projected=projected)[0]
+        pre = pre[inverse]
+        return pre[torch.arange(len(out), device=out.device), out], self.sae_out.encode_at(pre, out)
 
 
 @dataclass
@@ -127,23 +139,46 @@ class Entries:
     token: torch.Tensor
 
 
-def candidate_tokens(on: torch.Tensor, active: torch.Tensor, sides: Sides) -> Entries:
+def candidate_tokens(on: torch.Tensor, active: torch.Tensor, sides: Sides, block: int = 4096) -> Entries:
     """Every (candidate, token) where the output is active and both sides are on (a side is
-    on where any member is active). `on [t, n_in]`, `active [t, n_out]` bool."""
-    n_in = on.shape[1]
-    order = sides.out.argsort(stable=True)
-    count = torch.bincount(sides.out, minlength=active.shape[1])
-    start = torch.cumsum(count, 0) - count
-    token, f = active.nonzero(as_tuple=True)
-    n = count[f]
-    token = token.repeat_interleave(n)
-    first = torch.cumsum(n, 0) - n
-    offset = torch.arange(len(token), device=token.device) - first.repeat_interleave(n)
-    cand = order[start[f].repeat_interleave(n) + offset]
-    padded_on = torch.cat([on, on.new_zeros(on.shape[0], 1)], 1)
-    side_on = lambda members: padded_on[token[:, None], torch.where(members >= 0, members, n_in)[cand]].any(-1)  # noqa: E731
-    keep = side_on(sides.a) & side_on(sides.b)
-    return Entries(cand[keep], token[keep])
+    on where any member is active), ordered by token, then output, then candidate. `on [t,
+    n_in]`, `active [t, n_out]` bool. Tokens are packed as bits (`_bit_words`), so a
+    candidate costs a few word operations per 32 tokens, not one per active token of its
+    output; `block` candidates at a time bound the memory."""
+    words = _bit_words(on)
+    on_words = torch.cat([words, words.new_zeros(1, words.shape[1])])  # the padding member (-1) is never on
+    active_words = _bit_words(active)
+    side_words = lambda members: _or_rows(on_words, torch.where(members >= 0, members, on.shape[1]))  # noqa: E731
+    bit = torch.arange(32, device=on.device)
+    cands, tokens = [], []
+    for first in range(0, len(sides), block):
+        rows = slice(first, first + block)
+        both = active_words[sides.out[rows]] & side_words(sides.a[rows]) & side_words(sides.b[rows])  # [c, words]
+        cand, word = both.nonzero(as_tuple=True)
+        hit, at = ((both[cand, word][:, None] >> bit) & 1).nonzero(as_tuple=True)
+        cands.append(cand[hit] + first)
+        tokens.append(word[hit] * 32 + at)
+    cand, token = torch.cat(cands), torch.cat(tokens)
+    order = torch.argsort((token * active.shape[1] + sides.out[cand]) * len(sides) + cand)
+    return Entries(cand[order], token[order])
+
+
+def _bit_words(table: torch.Tensor) -> torch.Tensor:
+    """`[n, ceil(t / 32)]` int64: column j of a bool `table [t, n]` as bits, 32 tokens a word."""
+    t, n = table.shape
+    words = -(-t // 32)
+    padded = torch.zeros(words * 32, n, dtype=torch.long, device=table.device)
+    padded[:t] = table.long()
+    shift = torch.arange(32, device=table.device)[None, :, None]
+    return (padded.view(words, 32, n) << shift).sum(1).T.contiguous()
+
+
+def _or_rows(words: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`[c, w]`: the bitwise or of rows `index [c, M]` of `words [n, w]`."""
+    found = words[index[:, 0]]
+    for slot in range(1, index.shape[1]):
+        found |= words[index[:, slot]]
+    return found
 
 
 def side_removal(z: torch.Tensor, members: torch.Tensor, drop_slot: torch.Tensor | None = None
@@ -174,8 +209,11 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
         out = sides.out[cand]
         removals = {"none": cand.new_full((len(cand), 1), -1), "a": sides.a[cand], "b": sides.b[cand]}
         removals["ab"] = torch.cat([removals["a"], removals["b"]], 1)
+        unique, token = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
+        mine = source[unique]
+        projected = layer.project(mine)
         for r, members in removals.items():
-            pre, act = layer.evaluate_shared(source, zt, token, out, members)
+            pre, act = layer.evaluate_shared(mine, zt, token, out, members, projected)
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
     n = torch.bincount(entries.cand, minlength=C).double()
@@ -197,15 +235,32 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
         zt, mine, out = _rows(z, token), members[cand], sides.out[cand]
-        base.index_add_(0, cand, layer.evaluate(source, token, out, *nothing(cand))[1].double())
-        removed = layer.evaluate(source, token, out, *side_removal(zt, mine))[1]
+        unique, token = token.unique(return_inverse=True)  # the chunk's tokens, projected once
+        rows = source[unique]
+        projected = layer.project(rows)
+        base.index_add_(0, cand, layer.evaluate(rows, token, out, *nothing(cand), projected)[1].double())
+        removed = layer.evaluate(rows, token, out, *side_removal(zt, mine), projected)[1]
         # only a member active at the entry's token can change anything there
         entry, slot = (_coefficients(zt, mine) != 0).nonzero(as_tuple=True)
         for s in range(0, len(entry), chunk):
             e, k = entry[s : s + chunk], slot[s : s + chunk]
-            kept = layer.evaluate(source, token[e], out[e], *side_removal(zt[e], mine[e], k))[1]
+            kept = layer.evaluate(rows, token[e], out[e], *side_removal(zt[e], mine[e], k), projected)[1]
             change.index_add_(0, cand[e] * M + k, (kept - removed[e]).double())
     return change.view(C, M) / base.clamp_min(1e-30)[:, None]
+
+
+def _unique_rows(rows: torch.Tensor, base: int) -> torch.Tensor:
+    """The index of each row of `rows [N, W]` (non-negative, columns after the first below
+    `base`) among the distinct rows, as `torch.unique(dim=0)`'s `inverse`: rows read as
+    numbers in base `base` where they fit in 63 bits (a 1-d unique is much cheaper than
+    sorting rows), compared whole otherwise."""
+    width = rows.shape[1] - 1
+    if len(rows) and math.log2(int(rows[:, 0].max()) + 1) + width * math.log2(base) < 62:
+        key = rows[:, 0].clone()
+        for column in range(1, width + 1):
+            key = key * base + rows[:, column]
+        return key.unique(return_inverse=True)[1]
+    return torch.unique(rows, dim=0, return_inverse=True)[1]
 
 
 def _coefficients(z: torch.Tensor, members: torch.Tensor) -> torch.Tensor:

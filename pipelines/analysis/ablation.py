@@ -98,6 +98,13 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
     each a pass of one row with candidate's removals `delta [E, d]` at its entries in the row
     (None: a clean pass; then `per_entry` is None and every entry of the row is read)."""
     E = len(row)
+    # boosted tokens of every output, padded: ids [n_out, L] and whether each is one (none: NaN)
+    n_out = int(out.max()) + 1 if len(out) else 0
+    width = max([len(t) for t in boost.values()] + [1])
+    boost_ids = torch.zeros(n_out, width, dtype=torch.long)
+    boost_mask = torch.zeros(n_out, width, dtype=torch.float64)
+    for f, ids in boost.items():
+        boost_ids[f, : len(ids)], boost_mask[f, : len(ids)] = ids, 1.0
     result = {k: torch.full((E,), float("nan"), dtype=torch.float64) for k in ("pre", "act", "logprob")}
     for start in range(0, len(items), batch_rows):
         chunk = items[start : start + batch_rows]
@@ -119,9 +126,8 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
             result["pre"][index] = saes.sae_out.weights.pre(mlp_out)[rows, f].double()
             result["act"][index] = saes.sae_out.weights.encode(mlp_out)[rows, f].double()
             logprob = F.log_softmax(model.unembed(model.ln_final(found["final"][i, pos][None]))[0].double(), -1)
-            result["logprob"][index] = torch.stack([logprob[j, boost[int(f[j])]].mean() if len(boost[int(f[j])])
-                                                    else torch.tensor(float("nan"), dtype=torch.float64)
-                                                    for j in range(len(index))])
+            ids, listed = boost_ids[f], boost_mask[f]  # [n, L]: each entry's boosted tokens
+            result["logprob"][index] = (logprob.gather(1, ids) * listed).sum(-1) / listed.sum(-1)
     return result
 
 

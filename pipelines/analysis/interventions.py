@@ -127,9 +127,16 @@ def thresholds(cfg) -> GateThresholds:
     return GateThresholds(need=cfg.need, cross=cfg.cross, suffice=cfg.suffice, matter=cfg.matter, rise=cfg.rise)
 
 
-def intervention_columns(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg) -> pd.DataFrame:
-    """`IV_COLUMNS` of every candidate, one row each, in the order of `sides` (ranking tokens)."""
-    entries = cache.sample(sides, False, cfg.iv_tokens, cfg.seed)
+def ranking_entries(cache: LayerCache, sides: Sides, cfg) -> Entries:
+    """The ranking tokens of every candidate the interventions read (`VerdictConfig.iv_tokens`
+    of them, seeded): one sample for the intervention columns and the necessary members."""
+    return cache.sample(sides, False, cfg.iv_tokens, cfg.seed)
+
+
+def intervention_columns(layer: LayerIntervention, cache: LayerCache, sides: Sides, entries: Entries, cfg
+                         ) -> pd.DataFrame:
+    """`IV_COLUMNS` of every candidate, one row each, in the order of `sides`, on its
+    `ranking_entries`."""
     table = intervention_table(layer, cache.source, cache.z, sides, entries)
     frame = pd.DataFrame({"iv_tokens": table["n_tokens"].numpy().astype(np.int64),
                           **{k: table[k].numpy() for k in table if k != "n_tokens"}})
@@ -147,10 +154,10 @@ def typed(frame: pd.DataFrame, cfg) -> dict[str, np.ndarray]:
             "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg))}
 
 
-def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg) -> dict[str, list[list[int]]]:
+def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides, entries: Entries, cfg
+                      ) -> dict[str, list[list[int]]]:
     """Per group gate, the members of each side whose leaving changes the side's intervention
-    result by at least `prune` of the output (ranking tokens)."""
-    entries = cache.sample(sides, False, cfg.iv_tokens, cfg.seed)
+    result by at least `prune` of the output, on its `ranking_entries`."""
     found = {}
     for side in ("a", "b"):
         effect = member_effects(layer, cache.source, cache.z, sides, entries, side).abs() >= cfg.prune

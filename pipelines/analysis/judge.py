@@ -14,7 +14,7 @@ from circuits.gates.interventions import LayerIntervention, Sides
 from circuits.weights import from_hooked_transformer
 from pipelines.analysis.ablation import confirm
 from pipelines.analysis.group_gates import group_tables
-from pipelines.analysis.interventions import LayerCache, intervention_columns, necessary_members
+from pipelines.analysis.interventions import LayerCache, intervention_columns, necessary_members, ranking_entries
 from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, pair_candidates, pair_split_evidence, rank,
                                          to_ablate, verdict_rows)
 from pipelines.data.tags import GateTag
@@ -42,7 +42,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     pairs = pair_candidates(circuits["gates"], circuits["interactions"], cfg)
     pair_sides = Sides.of_pairs(*(torch.tensor(pairs[c].to_numpy(dtype=np.int64)) for c in ("out_feature", "in_a",
                                                                                             "in_b")))
-    pairs = pd.concat([pairs, intervention_columns(local, cache, pair_sides, cfg)], axis=1)
+    pairs = pd.concat([pairs, intervention_columns(local, cache, pair_sides, ranking_entries(cache, pair_sides, cfg),
+                                                   cfg)], axis=1)
     same, evidence = pair_split_evidence(pairs, facts, cfg)
     pairs = rank(pairs.assign(same_top_token=same), evidence, ["in_a", "in_b"], cfg).assign(**keys)
 
@@ -53,8 +54,10 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     if len(group_gates):
         group_sides = Sides.of_groups(group_gates["out_feature"].tolist(), list(group_gates["members_a"]),
                                       list(group_gates["members_b"]))
-        group_gates = pd.concat([group_gates.reset_index(drop=True), intervention_columns(local, cache, group_sides, cfg)],
-                                axis=1).assign(**necessary_members(local, cache, group_sides, cfg))
+        entries = ranking_entries(cache, group_sides, cfg)
+        group_gates = pd.concat([group_gates.reset_index(drop=True),
+                                 intervention_columns(local, cache, group_sides, entries, cfg)],
+                                axis=1).assign(**necessary_members(local, cache, group_sides, entries, cfg))
         group_gates = rank(group_gates, group_gates["split_pair"].to_numpy(dtype=bool), ["group_a", "group_b"], cfg)
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 
