@@ -210,3 +210,31 @@ def test_every_and_ranks_before_every_other_type():
 def test_a_pair_the_interventions_show_as_and_is_not_split():
     evidence = np.array([True, True, False])
     assert is_split(evidence, np.array(["and", "or", "or"], dtype=object)).tolist() == [False, True, False]
+
+
+def test_groups_are_pruned_to_the_members_that_change_the_result_and_keep_it():
+    from pipelines.analysis.interventions import LayerCache, pruned_groups, ranking_entries, side_lists
+    from pipelines.analysis.verdicts import VerdictConfig
+
+    mlp, W_dec, sae_out, randn = world(3, k=None, relu=False)
+    W_dec[5] = W_dec[9] = 0  # members whose removal removes nothing
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    T = 6
+    z = torch.zeros(T, N_IN, dtype=F64)
+    z[:, [1, 2, 5, 9]] = 1 + randn(T, 4).abs()  # member 7 is never active
+    source = z @ W_dec + randn(T, D) / 4
+    cache = LayerCache(layer=0, site="resid_mid", flat=torch.arange(T), source=source, z=z.to_sparse(),
+                       acts=torch.ones(T, N_OUT, dtype=F64).to_sparse(), confirm=torch.zeros(T, dtype=torch.bool),
+                       resid_pre=torch.zeros(1, T, D, dtype=F64), tokens=torch.zeros(1, T, dtype=torch.long), n_ctx=T,
+                       eps=mlp.eps)
+    cfg = VerdictConfig(prune=1e-6)
+    # the second gate's side a holds no member that matters alone: it keeps them all
+    full = Sides.of_groups([4, 4], [[1, 5, 7], [5, 7]], [[2, 9], [2]])
+    pruned, entries = pruned_groups(layer, cache, full, cfg)
+    assert side_lists(pruned) == {"necessary_a": [[1], [5, 7]], "necessary_b": [[2], [2]]}
+    # what the pruned members did not do, pruning does not change: the same tokens, the same results
+    before = intervention_table(layer, source, z, full, ranking_entries(cache, full, cfg))
+    after = intervention_table(layer, source, z, pruned, entries)
+    assert int(after["n_tokens"][0]) == T
+    for key, values in before.items():
+        torch.testing.assert_close(after[key], values)

@@ -14,7 +14,8 @@ from circuits.gates.interventions import LayerIntervention, Sides
 from circuits.weights import from_hooked_transformer
 from pipelines.analysis.ablation import confirm
 from pipelines.analysis.group_gates import group_tables
-from pipelines.analysis.interventions import LayerCache, intervention_columns, necessary_members, ranking_entries
+from pipelines.analysis.interventions import (LayerCache, intervention_columns, pruned_groups, ranking_entries,
+                                              side_lists)
 from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, pair_candidates, pair_split_evidence, rank,
                                          to_ablate, verdict_rows)
 from pipelines.data.tags import GateTag
@@ -54,10 +55,10 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     if len(group_gates):
         group_sides = Sides.of_groups(group_gates["out_feature"].tolist(), list(group_gates["members_a"]),
                                       list(group_gates["members_b"]))
-        entries = ranking_entries(cache, group_sides, cfg)
+        group_sides, entries = pruned_groups(local, cache, group_sides, cfg)
         group_gates = pd.concat([group_gates.reset_index(drop=True),
                                  intervention_columns(local, cache, group_sides, entries, cfg)],
-                                axis=1).assign(**necessary_members(local, cache, group_sides, entries, cfg))
+                                axis=1).assign(**side_lists(group_sides))
         group_gates = rank(group_gates, group_gates["split_pair"].to_numpy(dtype=bool), ["group_a", "group_b"], cfg)
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 
@@ -66,8 +67,9 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     for kind, table, key in (("pair", "gate_ablation", ("in_a", "in_b")),
                              ("group", "group_ablation", ("group_a", "group_b"))):
         chosen = to_ablate(first, kind, cfg.n_ablate, tags) if len(first) else first
+        a, b = ("necessary_a", "necessary_b") if kind == "group" else ("members_a", "members_b")  # the pruned sides
         sides = Sides.of_groups(chosen["out_feature"].astype(int).tolist(),
-                                [list(m) for m in chosen["members_a"]], [list(m) for m in chosen["members_b"]]) \
+                                [list(m) for m in chosen[a]], [list(m) for m in chosen[b]]) \
             if len(chosen) else Sides.of_groups([], [], [])
         names = [{"out_feature": int(r["out_feature"]), **{k: int(r[k]) for k in key}} for r in chosen.to_dict("records")]
         frame = confirm(model, cache, saes, mlp, sides, names, boosted=boosted, max_tokens=cfg.ablate_tokens,
