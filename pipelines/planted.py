@@ -302,10 +302,10 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
         mine = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank")
         for n in (k, 2 * k):
             top = mine.head(n)
-            correct = sum(g is not None and g.is_and and _matches(g, r.members_a, r.members_b)
-                          for g, r in zip((by_output.get(int(r.out_feature)) for r in top.itertuples()), top.itertuples()))
-            summary[f"{kind}s: precision in top {n}"] = correct / n
-            summary[f"{kind}s: recall in top {n}"] = correct / k
+            found = [int(r.out_feature) for r in top.itertuples() if (g := by_output.get(int(r.out_feature))) is not None
+                     and g.is_and and _matches(g, *_sides(r))]
+            summary[f"{kind}s: precision in top {n}"] = len(found) / n
+            summary[f"{kind}s: recall in top {n}"] = len(set(found)) / k  # an AND found twice is recalled once
         concepts = [set(g.side_a + g.side_b) for g in world.gates if g.kind == "split"]
         ranked_as_gates = [r for r in mine.head(2 * k).itertuples() if not r.split_pair
                            and any(c <= set(r.members_a) | set(r.members_b) for c in concepts)]
@@ -322,7 +322,7 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
                 row.update({f"{kind} found": "-", f"{kind} rank": None, f"{kind} AND": None})
                 continue
             r = mine.iloc[0]
-            sides = f"{list(r.members_a)} x {list(r.members_b)}"
+            sides = " x ".join(str(list(side)) for side in _sides(r))
             row.update({f"{kind} found": sides + (" (split)" if r.split_pair else ""),
                         f"{kind} rank": int(r.circuit_rank), f"{kind} AND": bool(r.is_and),
                         f"{kind} keeps a/b": f"{_keeps(r.drop_a)}/{_keeps(r.drop_b)}"})
@@ -348,8 +348,15 @@ def planted_type(gate: Gate, tables: dict) -> str:
         return str(mine["gate_type"].iloc[0]) if len(mine) else "missing"
     groups = tables["group_gates"]
     mine = groups[groups["out_feature"] == gate.output]
-    mine = mine[[_matches(gate, x, y) for x, y in zip(mine["members_a"], mine["members_b"])]]
+    mine = mine[[_matches(gate, x, y) for x, y in zip(mine["necessary_a"], mine["necessary_b"])]]
     return str(mine.sort_values("circuit_rank")["gate_type"].iloc[0]) if len(mine) else "missing"
+
+
+def _sides(row) -> tuple[list[int], list[int]]:
+    """A verdict row's circuit sides: a pair's inputs, a group gate's pruned sides."""
+    if row.kind == "group":
+        return list(row.necessary_a), list(row.necessary_b)
+    return list(row.members_a), list(row.members_b)
 
 
 def _matches(gate: Gate, side_a, side_b) -> bool:

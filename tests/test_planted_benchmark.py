@@ -70,3 +70,30 @@ def test_group_ablation_confirms_the_ands_and_rejects_the_rest(found):
     assert summary["group ablation confirms every planted AND"]
     assert summary["group ablation rejects every other planted output"]
     assert summary["pair ablation rejects every other planted output"]
+
+
+def test_recall_counts_each_planted_and_once_and_groups_are_matched_by_their_pruned_sides():
+    # a planted pair AND found twice in the top k is one AND recalled; a group gate whose
+    # full sides mix the planted ones but whose pruned sides do not is a match
+    import pandas as pd
+
+    from pipelines.planted import Gate, PlantedWorld, score
+
+    gates = [Gate("pair AND 1", "and", 0, (1,), (2,)), Gate("pair AND 2", "and", 1, (3,), (4,))]
+    world = PlantedWorld.__new__(PlantedWorld)
+    world.gates = gates
+    row = dict(circuit_rank=1, split_pair=False, is_and=True, drop_a=0.9, drop_b=0.9, gate_type="and")
+    verdicts = pd.DataFrame([
+        {**row, "kind": "pair", "out_feature": 0, "members_a": [1], "members_b": [2], "necessary_a": None,
+         "necessary_b": None},
+        {**row, "kind": "pair", "circuit_rank": 2, "out_feature": 0, "members_a": [2], "members_b": [1],
+         "necessary_a": None, "necessary_b": None},
+        {**row, "kind": "group", "out_feature": 1, "members_a": [3, 4, 9], "members_b": [4, 5],
+         "necessary_a": [3, 9], "necessary_b": [4]},
+    ])
+    tables = {"gate_verdicts": verdicts,
+              "pair_gates": pd.DataFrame({"out_feature": [0], "in_a": [1], "in_b": [2], "gate_type": ["and"]}),
+              "group_gates": verdicts[verdicts["kind"] == "group"]}
+    _, summary = score(world, tables)
+    assert summary["pairs: precision in top 2"] == 1.0 and summary["pairs: recall in top 2"] == 0.5
+    assert summary["groups: precision in top 2"] == 0.5 and summary["groups: recall in top 2"] == 0.5
