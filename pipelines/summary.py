@@ -65,14 +65,12 @@ def top(verdicts: pd.DataFrame, kind: str, n: int) -> pd.DataFrame:
 def _print_candidate(g) -> None:
     label = lambda x: x if isinstance(x, str) else "unlabelled"  # noqa: E731
     sides = (f"({int(g.in_a)}, {int(g.in_b)})" if g.kind == "pair"
-             else f"groups {[int(m) for m in g.members_a]} ({label(g.label_a)}) x {[int(m) for m in g.members_b]} "
-                  f"({label(g.label_b)})")
+             else f"groups {[int(m) for m in g.necessary_a]} of {len(g.members_a)} ({label(g.label_a)}) x "
+                  f"{[int(m) for m in g.necessary_b]} of {len(g.members_b)} ({label(g.label_b)}), pruned")
     split = ", a split pair" if g.split_pair else ""
     print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: {g.gate_type}, "
           f"causal_score {g.causal_score:.3f} (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both "
           f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score {g.gate_score:.3f}{split})")
-    if g.kind == "group":
-        print(f"      necessary members: {list(g.necessary_a)} x {list(g.necessary_b)}")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
                       if pd.notna(getattr(g, "drop_" + k)))
     print(f"      verdict: {g.verdict}{'; ' + drops if drops else ''}")

@@ -248,3 +248,20 @@ def test_a_gate_found_twice_is_kept_once():
     kept = _one_row_per_pair_of_groups(gates)
     assert kept[["out_feature", "group_a", "group_b", "source", "eigen_rank"]].values.tolist() == [
         [3, 0, 1, "labels", pd.NA], [3, 2, 5, "eigen", 2], [4, 0, 1, "eigen", 1]]
+
+
+def test_the_printed_group_gate_names_its_pruned_sides_as_plain_numbers(capsys):
+    # the sides of a table read back are numpy arrays: printed as they are, they read np.int64(116)
+    import numpy as np
+
+    from pipelines import summary
+
+    row = dict(layer=0, kind="group", circuit_rank=1, out_feature=336, in_a=None, in_b=None,
+               members_a=np.array([3, 116, 29]), members_b=np.array([249, 59]), necessary_a=np.array([116]),
+               necessary_b=np.array([249]), label_a="context=positive", label_b="negation", gate_type="and",
+               causal_score=0.7, keep_a=0.2, keep_b=0.1, keep_ab=0.1, synergy=0.9, gate_score=0.0, split_pair=False,
+               drop_a=np.nan, drop_b=np.nan, drop_both=np.nan, verdict="v", share_a=np.nan, out_description="",
+               a_description="", b_description="", is_and=False, negation_gate=False)
+    summary.verdicts(pd.DataFrame([row]), 1)
+    out = capsys.readouterr().out
+    assert "groups [116] of 3 (context=positive) x [249] of 2 (negation), pruned" in out and "np." not in out
