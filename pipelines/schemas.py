@@ -274,8 +274,9 @@ TABLES: dict[str, Table] = {t.name: t for t in (
             "at least 0.5 is the split rule's evidence"),
         *_INTERVENTIONS,
         col("necessary_a, necessary_b", INTS, "each side pruned to the members whose leaving it changes the gate's "
-            "intervention result by at least `--prune` of the output, until none goes (all members when none does "
-            "alone): the sides the interventions, the ranking and the model-run confirmation use"),
+            "intervention result by at least `--prune` of the output, a cut taken only when the pruned gate keeps "
+            "what the whole groups kept within `--prune` (`pipelines.analysis.interventions.pruned_groups`): the "
+            "sides the interventions, the ranking and the model-run confirmation use"),
         *_RANKED,
     )),
     Table("group_truth", "verdicts", "one cell of a group gate's truth table",

@@ -212,8 +212,19 @@ def test_a_pair_the_interventions_show_as_and_is_not_split():
     assert is_split(evidence, np.array(["and", "or", "or"], dtype=object)).tolist() == [False, True, False]
 
 
+def _cache(source, z, eps):
+    """A LayerCache of `source [T, d]` and latents `z`, every output active at every token."""
+    from pipelines.analysis.interventions import LayerCache
+
+    T = len(source)
+    return LayerCache(layer=0, site="resid_mid", flat=torch.arange(T), source=source, z=z.to_sparse(),
+                      acts=torch.ones(T, N_OUT, dtype=F64).to_sparse(), confirm=torch.zeros(T, dtype=torch.bool),
+                      resid_pre=torch.zeros(1, T, D, dtype=F64), tokens=torch.zeros(1, T, dtype=torch.long), n_ctx=T,
+                      eps=eps)
+
+
 def test_groups_are_pruned_to_the_members_that_change_the_result_and_keep_it():
-    from pipelines.analysis.interventions import LayerCache, pruned_groups, ranking_entries, side_lists
+    from pipelines.analysis.interventions import pruned_groups, ranking_entries, side_lists
     from pipelines.analysis.verdicts import VerdictConfig
 
     mlp, W_dec, sae_out, randn = world(3, k=None, relu=False)
@@ -223,10 +234,7 @@ def test_groups_are_pruned_to_the_members_that_change_the_result_and_keep_it():
     z = torch.zeros(T, N_IN, dtype=F64)
     z[:, [1, 2, 5, 9]] = 1 + randn(T, 4).abs()  # member 7 is never active
     source = z @ W_dec + randn(T, D) / 4
-    cache = LayerCache(layer=0, site="resid_mid", flat=torch.arange(T), source=source, z=z.to_sparse(),
-                       acts=torch.ones(T, N_OUT, dtype=F64).to_sparse(), confirm=torch.zeros(T, dtype=torch.bool),
-                       resid_pre=torch.zeros(1, T, D, dtype=F64), tokens=torch.zeros(1, T, dtype=torch.long), n_ctx=T,
-                       eps=mlp.eps)
+    cache = _cache(source, z, mlp.eps)
     cfg = VerdictConfig(prune=1e-6)
     # the second gate's side a holds no member that matters alone: it keeps them all
     full = Sides.of_groups([4, 4], [[1, 5, 7], [5, 7]], [[2, 9], [2]])
@@ -238,3 +246,33 @@ def test_groups_are_pruned_to_the_members_that_change_the_result_and_keep_it():
     assert int(after["n_tokens"][0]) == T
     for key, values in before.items():
         torch.testing.assert_close(after[key], values)
+
+
+def test_members_that_matter_only_together_are_not_pruned():
+    from pipelines.analysis.interventions import pruned_groups, ranking_entries, side_lists
+    from pipelines.analysis.verdicts import VerdictConfig
+
+    mlp, W_dec, sae_out, randn = world(3, k=None, relu=False)
+    small = [3, 4, 5, 6, 7, 8]
+    W_dec[small] = 0.15 * W_dec[1]  # each a little of member 1's direction: together nearly as much again
+    layer = LayerIntervention(mlp, W_dec, sae_out, "mlp_in")
+    T = 6
+    z = torch.zeros(T, N_IN, dtype=F64)
+    z[:, [1, 2, *small]] = 1 + randn(T, 8).abs()
+    source = z @ W_dec + randn(T, D) / 4
+    cache = _cache(source, z, mlp.eps)
+    nothing = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=F64))
+    out = int(layer.evaluate(source, torch.arange(T), None, *nothing)[0].min(0).values.argmax())  # positive throughout
+    full = Sides.of_groups([out], [[1, *small]], [[2]])
+    entries = ranking_entries(cache, full, VerdictConfig())
+    effect = member_effects(layer, source, z, full, entries, "a")[0].abs()
+    cfg = VerdictConfig(prune=float(effect[1:].max()) * 1.01)  # each small member alone is below it
+    assert float(effect[0]) >= cfg.prune
+    # cut to member 1, the gate would keep more than `prune` beyond what the whole side keeps
+    only = Sides.of_groups([out], [[1]], [[2]])
+    kept = {name: intervention_table(layer, source, z, s, ranking_entries(cache, s, cfg)) for name, s in
+            (("whole", full), ("only", only))}
+    share = {name: float(t["act_a"][0] / t["act_none"][0]) for name, t in kept.items()}
+    assert abs(share["only"] - share["whole"]) > cfg.prune
+    pruned, _ = pruned_groups(layer, cache, full, cfg)
+    assert side_lists(pruned)["necessary_a"] == [[1, *small]]

@@ -170,21 +170,53 @@ def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides,
 
 def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg, rounds: int = 4
                   ) -> tuple[Sides, Entries]:
-    """Group gates cut to their necessary members: a member whose leaving its side does not
-    change the gate's intervention result is pruned, and the pruned sides are tested again,
-    until no member goes (at most `rounds` times). A 45-input label class is a class; the
-    members that matter where the gate works are the circuit's side. Returns the pruned sides
-    and their `ranking_entries` (a pruned side is on at fewer tokens)."""
+    """Group gates cut to their necessary members, keeping the gate's intervention result.
+
+    Each round proposes every side cut to its `necessary_members` and tests the proposal
+    again (a pruned side is on at fewer tokens, so it gets its own `ranking_entries`). A gate
+    takes the proposal only if what removing A, B and both keeps stays within `prune` of
+    what it kept for the whole groups: members that matter only together (each small, jointly
+    large) stay, since pruning them would change the result, not simplify the gate. A gate
+    whose proposal fails, or that loses no member, stops; at most `rounds` rounds. A 45-input
+    label class is a class; the members that carry the gate where it works are its sides.
+    Returns the pruned sides and their entries."""
     entries = ranking_entries(cache, sides, cfg)
+    whole = _kept(intervention_table(layer, cache.source, cache.z, sides, entries))
+    a, b = (side_lists(sides)[f"necessary_{s}"] for s in ("a", "b"))
+    open_ = [True] * len(sides)
     for _ in range(rounds):
-        found = necessary_members(layer, cache, sides, entries, cfg)
-        pruned = Sides.of_groups(sides.out.tolist(), found["necessary_a"], found["necessary_b"])
-        if pruned.a.shape == sides.a.shape and pruned.b.shape == sides.b.shape \
-                and bool((pruned.a == sides.a).all() and (pruned.b == sides.b).all()):
+        mine = [i for i in range(len(sides)) if open_[i]]
+        found = necessary_members(layer, cache, *_subset(sides, entries, mine), cfg)
+        proposed = [(i, na, nb) for i, na, nb in zip(mine, found["necessary_a"], found["necessary_b"])
+                    if na != a[i] or nb != b[i]]
+        open_ = [False] * len(sides)
+        if not proposed:
             break
-        sides = pruned
+        trial = Sides.of_groups([int(sides.out[i]) for i, _, _ in proposed], [na for _, na, _ in proposed],
+                                [nb for _, _, nb in proposed])
+        kept = _kept(intervention_table(layer, cache.source, cache.z, trial, ranking_entries(cache, trial, cfg)))
+        whole_there = whole[[i for i, _, _ in proposed]]
+        same = ((kept - whole_there).abs() <= cfg.prune).all(1)  # NaN (untested) never counts as the same
+        for (i, na, nb), ok in zip(proposed, same.tolist()):
+            if ok:
+                a[i], b[i], open_[i] = na, nb, True
+        sides = Sides.of_groups(sides.out.tolist(), a, b)
         entries = ranking_entries(cache, sides, cfg)
     return sides, entries
+
+
+def _subset(sides: Sides, entries: Entries, index: list[int]) -> tuple[Sides, Entries]:
+    """Candidates `index` of `sides` and their entries, renumbered in that order."""
+    at = torch.tensor(index, dtype=torch.long)
+    position = torch.full((len(sides),), -1, dtype=torch.long)
+    position[at] = torch.arange(len(at))
+    keep = position[entries.cand] >= 0
+    return Sides(sides.out[at], sides.a[at], sides.b[at]), Entries(position[entries.cand[keep]], entries.token[keep])
+
+
+def _kept(table: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`[C, 3]`: the share of f's mean activation kept with A, B and both removed."""
+    return torch.stack([table[f"act_{r}"] for r in ("a", "b", "ab")], 1) / table["act_none"][:, None]
 
 
 def side_lists(sides: Sides) -> dict[str, list[list[int]]]:

@@ -18,8 +18,9 @@ per output from what the corpus and the weights give:
   eigenvectors above reads members of both or one of its `n_interactions` strongest cross
   terms joins them; an input in both stays in the smaller group only.
 Groups are pruned to their *necessary members*: those whose leaving the group changes its
-intervention result by at least `prune` of the output, until none goes (a 45-input label
-class is a class; the members that matter where the gate works are its side). The pruned
+intervention result by at least `prune` of the output, a cut taken only when the pruned gate
+keeps what the whole groups kept within `prune` (a 45-input label class is a class; the
+members that carry the gate are its sides, unless they carry it only together). The pruned
 sides are the ones tested, ranked and confirmed (`pipelines.analysis.interventions.pruned_groups`).
 
 Verdicts. The `n_ablate` best candidates of each kind per layer by `circuit_rank` (and the
@@ -87,7 +88,8 @@ class VerdictConfig(Config):
     rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
     prune: float = option(0.05, "a group member is necessary when its leaving the group changes the group's "
                                 "intervention result by at least this share of the output; the others are pruned "
-                                "before the group is tested, ranked and confirmed", low=0.0)
+                                "before the group is tested, ranked and confirmed, when the pruned gate's result "
+                                "stays within this share of the whole groups'", low=0.0)
     boost_sd: float = option(1.0, "least boost (sd) of a lexicon class for a gate tag to count an output as boosting "
                                   "it (the stories' negation gate: the other class's words)", low=0.0)
     n_ablate: int = option(8, "best pairs, and best group gates, per layer by circuit_rank confirmed by ablation in "
