@@ -298,12 +298,13 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
     pair_ands = [g for g in ands if len(g.side_a) == len(g.side_b) == 1]
     rows, summary = [], {"planted ANDs": len(ands), "planted pair ANDs": len(pair_ands)}
     by_output = {g.output: g for g in world.gates}
-    for kind, k in (("pair", len(pair_ands)), ("group", len(ands))):
+    for kind, targets in (("pair", pair_ands), ("group", ands)):
+        k, wanted = len(targets), {g.output for g in targets}
         mine = verdicts[verdicts["kind"] == kind].sort_values("circuit_rank")
         for n in (k, 2 * k):
             top = mine.head(n)
-            found = [int(r.out_feature) for r in top.itertuples() if (g := by_output.get(int(r.out_feature))) is not None
-                     and g.is_and and _matches(g, *_sides(r))]
+            found = [int(r.out_feature) for r in top.itertuples() if int(r.out_feature) in wanted
+                     and _matches(by_output[int(r.out_feature)], *_sides(r))]
             summary[f"{kind}s: precision in top {n}"] = len(found) / n
             summary[f"{kind}s: recall in top {n}"] = len(set(found)) / k  # an AND found twice is recalled once
         concepts = [set(g.side_a + g.side_b) for g in world.gates if g.kind == "split"]

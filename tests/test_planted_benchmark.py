@@ -73,13 +73,15 @@ def test_group_ablation_confirms_the_ands_and_rejects_the_rest(found):
 
 
 def test_recall_counts_each_planted_and_once_and_groups_are_matched_by_their_pruned_sides():
-    # a planted pair AND found twice in the top k is one AND recalled; a group gate whose
-    # full sides mix the planted ones but whose pruned sides do not is a match
+    # a planted pair AND found twice in the top k is one AND recalled, a pair of a group AND's
+    # inputs is not a planted pair AND, and a group gate whose full sides mix the planted ones
+    # but whose pruned sides do not is a match
     import pandas as pd
 
     from pipelines.planted import Gate, PlantedWorld, score
 
-    gates = [Gate("pair AND 1", "and", 0, (1,), (2,)), Gate("pair AND 2", "and", 1, (3,), (4,))]
+    gates = [Gate("pair AND 1", "and", 0, (1,), (2,)), Gate("pair AND 2", "and", 1, (3,), (4,)),
+             Gate("group AND", "and", 2, (5, 6), (7, 8))]
     world = PlantedWorld.__new__(PlantedWorld)
     world.gates = gates
     row = dict(circuit_rank=1, split_pair=False, is_and=True, drop_a=0.9, drop_b=0.9, gate_type="and")
@@ -90,10 +92,14 @@ def test_recall_counts_each_planted_and_once_and_groups_are_matched_by_their_pru
          "necessary_a": None, "necessary_b": None},
         {**row, "kind": "group", "out_feature": 1, "members_a": [3, 4, 9], "members_b": [4, 5],
          "necessary_a": [3, 9], "necessary_b": [4]},
+        # one input of each side of a group AND: a right pair, but not one of the planted pair ANDs
+        {**row, "kind": "pair", "circuit_rank": 3, "out_feature": 2, "members_a": [5], "members_b": [7],
+         "necessary_a": None, "necessary_b": None},
     ])
     tables = {"gate_verdicts": verdicts,
               "pair_gates": pd.DataFrame({"out_feature": [0], "in_a": [1], "in_b": [2], "gate_type": ["and"]}),
               "group_gates": verdicts[verdicts["kind"] == "group"]}
     _, summary = score(world, tables)
     assert summary["pairs: precision in top 2"] == 1.0 and summary["pairs: recall in top 2"] == 0.5
-    assert summary["groups: precision in top 2"] == 0.5 and summary["groups: recall in top 2"] == 0.5
+    assert summary["pairs: precision in top 4"] == 0.5 and summary["pairs: recall in top 4"] == 0.5
+    assert summary["groups: precision in top 3"] == 1 / 3 and summary["groups: recall in top 3"] == 1 / 3
