@@ -41,6 +41,7 @@ from tokenizers import Tokenizer, models
 from circuits.config import Config, option, seed_option
 from circuits.sites import MLP_OUT, RESID_MID
 from circuits.weights import SAEWeights
+from pipelines.analysis.verdicts import CIRCUIT_SIDES
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
 from pipelines.lm.model import ModelConfig, build_model
@@ -349,15 +350,15 @@ def planted_type(gate: Gate, tables: dict) -> str:
         return str(mine["gate_type"].iloc[0]) if len(mine) else "missing"
     groups = tables["group_gates"]
     mine = groups[groups["out_feature"] == gate.output]
-    mine = mine[[_matches(gate, x, y) for x, y in zip(mine["necessary_a"], mine["necessary_b"])]]
+    a, b = CIRCUIT_SIDES["group"]
+    mine = mine[[_matches(gate, x, y) for x, y in zip(mine[a], mine[b])]]
     return str(mine.sort_values("circuit_rank")["gate_type"].iloc[0]) if len(mine) else "missing"
 
 
 def _sides(row) -> tuple[list[int], list[int]]:
-    """A verdict row's circuit sides: a pair's inputs, a group gate's pruned sides."""
-    if row.kind == "group":
-        return list(row.necessary_a), list(row.necessary_b)
-    return list(row.members_a), list(row.members_b)
+    """A verdict row's circuit sides (`CIRCUIT_SIDES`)."""
+    a, b = CIRCUIT_SIDES[row.kind]
+    return list(getattr(row, a)), list(getattr(row, b))
 
 
 def _matches(gate: Gate, side_a, side_b) -> bool:

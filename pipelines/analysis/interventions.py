@@ -159,10 +159,10 @@ def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides,
     """Per group gate, the members of each side whose leaving changes the side's intervention
     result by at least `prune` of the output, on its `ranking_entries`; a side where no member
     does so alone keeps every member (their effect is collective: none can be named)."""
-    found = {}
+    found = side_lists(sides)
     for side in ("a", "b"):
         effect = member_effects(layer, cache.source, cache.z, sides, entries, side).abs() >= cfg.prune
-        members = [[m for m in row if m >= 0] for row in getattr(sides, side).tolist()]
+        members = found[f"necessary_{side}"]
         kept = [[m for m, keep in zip(row, mask) if keep] for row, mask in zip(members, effect.tolist())]
         found[f"necessary_{side}"] = [k if k else row for k, row in zip(kept, members)]
     return found
@@ -182,7 +182,8 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
     Returns the pruned sides and their entries."""
     entries = ranking_entries(cache, sides, cfg)
     whole = _kept(intervention_table(layer, cache.source, cache.z, sides, entries))
-    a, b = (side_lists(sides)[f"necessary_{s}"] for s in ("a", "b"))
+    lists = side_lists(sides)
+    a, b = lists["necessary_a"], lists["necessary_b"]
     open_ = [True] * len(sides)
     for _ in range(rounds):
         mine = [i for i in range(len(sides)) if open_[i]]

@@ -16,8 +16,8 @@ from pipelines.analysis.ablation import confirm
 from pipelines.analysis.group_gates import group_tables
 from pipelines.analysis.interventions import (LayerCache, intervention_columns, pruned_groups, ranking_entries,
                                               side_lists)
-from pipelines.analysis.verdicts import (InputFacts, VerdictConfig, pair_candidates, pair_split_evidence, rank,
-                                         to_ablate, verdict_rows)
+from pipelines.analysis.verdicts import (CIRCUIT_SIDES, InputFacts, VerdictConfig, pair_candidates,
+                                         pair_split_evidence, rank, to_ablate, verdict_rows)
 from pipelines.data.tags import GateTag
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
@@ -67,7 +67,7 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     for kind, table, key in (("pair", "gate_ablation", ("in_a", "in_b")),
                              ("group", "group_ablation", ("group_a", "group_b"))):
         chosen = to_ablate(first, kind, cfg.n_ablate, tags) if len(first) else first
-        a, b = ("necessary_a", "necessary_b") if kind == "group" else ("members_a", "members_b")  # the pruned sides
+        a, b = CIRCUIT_SIDES[kind]
         sides = Sides.of_groups(chosen["out_feature"].astype(int).tolist(),
                                 [list(m) for m in chosen[a]], [list(m) for m in chosen[b]]) \
             if len(chosen) else Sides.of_groups([], [], [])

@@ -46,6 +46,8 @@ from circuits.sites import OUTPUT_SITE
 from pipelines.data.tags import LABEL_JOIN, GateTag, TagFacts
 
 SOURCES = ("eigen", "labels")
+# the columns of a candidate's circuit sides: a pair's inputs, a group gate's pruned sides
+CIRCUIT_SIDES = {"pair": ("members_a", "members_b"), "group": ("necessary_a", "necessary_b")}
 
 
 @dataclass(frozen=True)
