@@ -265,3 +265,12 @@ def test_the_printed_group_gate_names_its_pruned_sides_as_plain_numbers(capsys):
     summary.verdicts(pd.DataFrame([row]), 1)
     out = capsys.readouterr().out
     assert "groups [116] of 3 (context=positive) x [249] of 2 (negation), pruned" in out and "np." not in out
+
+
+def test_prune_is_a_share_of_the_output_and_refuses_more_than_all_of_it():
+    # above 1 no member could ever be necessary, so every side would keep all its members silently
+    from pipelines.analysis.verdicts import VerdictConfig
+
+    with pytest.raises(ValueError, match="prune must be at most 1.0"):
+        VerdictConfig(prune=1.5)
+    assert VerdictConfig(prune=1.0).prune == 1.0

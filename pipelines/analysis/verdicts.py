@@ -91,7 +91,7 @@ class VerdictConfig(Config):
     prune: float = option(0.05, "a group member is necessary when its leaving the group changes the group's "
                                 "intervention result by at least this share of the output; the others are pruned "
                                 "before the group is tested, ranked and confirmed, when the pruned gate's result "
-                                "stays within this share of the whole groups'", low=0.0)
+                                "stays within this share of the whole groups'", low=0.0, high=1.0)
     boost_sd: float = option(1.0, "least boost (sd) of a lexicon class for a gate tag to count an output as boosting "
                                   "it (the stories' negation gate: the other class's words)", low=0.0)
     n_ablate: int = option(8, "best pairs, and best group gates, per layer by circuit_rank confirmed by ablation in "
