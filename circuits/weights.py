@@ -82,7 +82,7 @@ class SAEWeights:
         selection of every latent; the two differ only on exact ties)."""
         value = pre.gather(-1, latent[:, None])[:, 0]
         if self.k is not None and self.k < self.d_sae:
-            value = torch.where((pre > value[:, None]).sum(-1) < self.k, value, torch.zeros_like(value))
+            value = torch.where((pre > value[:, None]).sum(-1, dtype=torch.int32) < self.k, value, torch.zeros_like(value))
         return value.relu() if self.relu else value
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from circuits.bilinear import interaction_matrices
-from circuits.gates.interventions import (Entries, LayerIntervention, Sides, _unique_rows, candidate_tokens,
-                                          intervention_table, member_effects, side_removal)
+from circuits.gates.interventions import (Entries, LayerIntervention, Sides, _unique_rows, bit_words, candidate_tokens,
+                                          intervention_table, latent_lookup, member_effects,
+                                          side_removal)
 from circuits.gates.ranking import circuit_ranks, is_split
 from circuits.gates.types import GateThresholds, causal_score, closed_form, gate_types, keeps
 from circuits.weights import MLPWeights, SAEWeights
@@ -89,14 +90,17 @@ def test_candidate_tokens_are_exactly_where_the_output_is_active_and_both_sides_
     on = torch.rand(n_tokens, N_IN, generator=g) < 0.5
     active = torch.rand(n_tokens, N_OUT, generator=g) < 0.5
     sides = Sides.of_groups([5, 0, 5, 9, 15], [[1, 2], [0], [3], [4, 5, 6], [7]], [[3], [1], [8, 9], [10], [11]])
-    found = candidate_tokens(on, active, sides, block=block)
+    words = lambda table: bit_words(*table.nonzero().T, n_tokens, table.shape[1])  # noqa: E731
+    found = candidate_tokens(words(on), words(active), sides, block=block)
     got = list(zip(found.cand.tolist(), found.token.tolist()))
     want = {(c, t) for c in range(5) for t in range(n_tokens)
             if active[t, sides.out[c]] and on[t, sides.a[c][sides.a[c] >= 0]].any()
             and on[t, sides.b[c][sides.b[c] >= 0]].any()}
     assert set(got) == want and len(got) == len(want) and len(want) > 10
-    # the order the token sample's random keys follow: by token, then output, then candidate
-    assert got == sorted(got, key=lambda e: (e[1], int(sides.out[e[0]]), e[0]))
+    # with a limit, each candidate's first tokens (the sample takes tokens in a seeded order)
+    first = candidate_tokens(words(on), words(active), sides, limit=3, block=block)
+    firsts = {(c, t) for c in range(5) for t in sorted(t for d, t in want if d == c)[:3]}
+    assert set(zip(first.cand.tolist(), first.token.tolist())) == firsts and len(first.cand) == len(firsts)
 
 
 @pytest.mark.parametrize("k, relu", [(4, True), (4, False), (None, True), (N_OUT, False)])
@@ -140,7 +144,7 @@ def test_intervention_table_equals_evaluate_entry_by_entry():
     members = {"none": torch.full((len(entries.cand), 1), -1), "a": sides.a[entries.cand], "b": sides.b[entries.cand]}
     members["ab"] = torch.cat([members["a"], members["b"]], 1)
     for r, m in members.items():
-        pre, act = layer.evaluate(source, entries.token, out, *side_removal(z[entries.token], m))
+        pre, act = layer.evaluate(source, entries.token, out, *side_removal(latent_lookup(z)(entries.token, m), m))
         for kind, values in (("pre", pre), ("act", act)):
             mean = torch.zeros(len(sides), dtype=F64).index_add_(0, entries.cand, values) / n
             torch.testing.assert_close(table[f"{kind}_{r}"], mean)
@@ -276,3 +280,21 @@ def test_members_that_matter_only_together_are_not_pruned():
     assert abs(share["only"] - share["whole"]) > cfg.prune
     pruned, _ = pruned_groups(layer, cache, full, cfg)
     assert side_lists(pruned)["necessary_a"] == [[1, *small]]
+
+
+def test_a_candidates_token_sample_does_not_depend_on_the_candidates_sampled_with_it():
+    g = torch.Generator().manual_seed(4)
+    T = 300
+    z = (torch.rand(T, N_IN, generator=g) < 0.4).double() * (1 + torch.rand(T, N_IN, generator=g, dtype=F64))
+    cache = _cache(torch.randn(T, D, generator=g, dtype=F64), z, 1e-5)
+    cache.acts = ((torch.rand(T, N_OUT, generator=g) < 0.5).double()).to_sparse()
+    every = Sides.of_groups([5, 0, 5, 9, 15], [[1, 2], [0], [3], [4, 5, 6], [7]], [[3], [1], [8, 9], [10], [11]])
+    found = cache.sample(every, False, 10, seed=0)
+    assert torch.equal(found.token, found.token.sort().values)  # by token: what a token's candidates share runs once
+    for c in range(len(every)):
+        alone = cache.sample(Sides(every.out[[c]], every.a[[c]], every.b[[c]]), False, 10, seed=0)
+        assert torch.equal(alone.token, found.token[found.cand == c]) and len(alone.token) == 10
+    eligible = lambda c: {t for t in range(T) if cache.acts.to_dense()[t, every.out[c]] != 0  # noqa: E731
+                          and (z[t, every.a[c][every.a[c] >= 0]] != 0).any() and (z[t, every.b[c][every.b[c] >= 0]] != 0).any()}
+    assert all(set(found.token[found.cand == c].tolist()) <= eligible(c) for c in range(len(every)))
+    assert not torch.equal(cache.sample(every, False, 10, seed=1).token, found.token)

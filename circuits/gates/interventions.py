@@ -74,18 +74,23 @@ class LayerIntervention:
         self.mlp, self.sae_out, self.site, self.W_dec = mlp, sae_out, check_input_site(site), W_dec
         gain = input_gain(site, mlp.g)
         self.gain = torch.ones_like(mlp.g) if gain is None else gain
-        self.P_gate = (W_dec * self.gain) @ mlp.W_gate  # [n_in, d_mlp]
-        self.P_in = (W_dec * self.gain) @ mlp.W_in
+        # one row per input latent, what its removal takes from [x W_gate | x W_in | r] (r on resid_mid
+        # only): one gather and one sum per removal, not three
+        taken = [(W_dec * self.gain) @ mlp.W_gate, (W_dec * self.gain) @ mlp.W_in]
+        self.taken = torch.cat(taken + ([W_dec] if site == RESID_MID else []), 1)  # [n_in, 2 d_mlp (+ d)]
+        # the biases after the product, through W_out and the encoder: pre = ((h W_out) * rho^2) W_enc + bias
+        self.bias = sae_out.pre(mlp.b_in @ mlp.W_out + mlp.b_out)  # [n_out]
 
-    def project(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`y W_gate` and `y W_in` `[U, d_mlp]` each of the site's values `source [U, d]`
-        (`y = g * source`), before the norm's factor: what `evaluate` starts from at a token."""
+    def project(self, source: torch.Tensor) -> torch.Tensor:
+        """`[U, 2 d_mlp (+ d)]`: `y W_gate`, `y W_in` (`y = g * source`, before the norm's
+        factor) and on resid_mid `source` itself, of the site's values `source [U, d]`: what
+        `evaluate` starts from at a token."""
         y = source * self.gain
-        return y @ self.mlp.W_gate, y @ self.mlp.W_in
+        return torch.cat([y @ self.mlp.W_gate, y @ self.mlp.W_in] + ([source] if self.site == RESID_MID else []), 1)
 
     @torch.no_grad()
     def evaluate(self, source: torch.Tensor, token: torch.Tensor, out: torch.Tensor | None, entry: torch.Tensor,
-                 member: torch.Tensor, coef: torch.Tensor, projected: tuple[torch.Tensor, torch.Tensor] | None = None
+                 member: torch.Tensor, coef: torch.Tensor, projected: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """f's pre-activation and activation `[N]` each after removals (every output's
         pre-activation, `[N, n_out]`, and None when `out` is None).
@@ -96,37 +101,34 @@ class LayerIntervention:
         when the caller evaluates the same tokens several times.
         """
         N = len(token)
-        removed = lambda table: torch.zeros(N, table.shape[1], dtype=table.dtype, device=table.device).index_add_(  # noqa: E731
-            0, entry, coef[:, None].to(table.dtype) * table[member])
         if projected is None:  # only the tokens evaluated
-            unique, token_of = token.unique(return_inverse=True)
-            projected, source = self.project(source[unique]), source[unique]
-        else:
-            token_of = token
-        gate = projected[0][token_of] - removed(self.P_gate)  # [N, d_mlp]
-        lin = projected[1][token_of] - removed(self.P_in)
+            unique, token = token.unique(return_inverse=True)
+            projected = self.project(source[unique])
+        kept = projected[token].index_add_(0, entry, coef[:, None].to(self.taken.dtype) * self.taken[member], alpha=-1)
+        d_mlp = self.mlp.W_gate.shape[1]
+        product = (kept[:, :d_mlp] * kept[:, d_mlp : 2 * d_mlp]) @ self.mlp.W_out  # [N, d] before the norm's factor
         if self.site == RESID_MID:
-            r = source[token_of] - removed(self.W_dec)
-            factor = torch.rsqrt(r.square().mean(-1) + self.mlp.eps)[:, None]
-            gate, lin = gate * factor, lin * factor
-        pre = self.sae_out.pre((gate * lin + self.mlp.b_in) @ self.mlp.W_out + self.mlp.b_out)
+            product = product * (kept[:, 2 * d_mlp :].square().mean(-1) + self.mlp.eps).reciprocal()[:, None]
+        pre = torch.addmm(self.bias, product, self.sae_out.W_enc)
         if out is None:
             return pre, None
         return pre[torch.arange(N, device=out.device), out], self.sae_out.encode_at(pre, out)
 
-    def evaluate_shared(self, source: torch.Tensor, z: torch.Tensor, token: torch.Tensor, out: torch.Tensor,
-                        members: torch.Tensor, projected: tuple[torch.Tensor, torch.Tensor] | None = None
+    def evaluate_shared(self, source: torch.Tensor, coef: torch.Tensor, token: torch.Tensor, out: torch.Tensor,
+                        members: torch.Tensor, projected: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`evaluate` of each row removing its `members [N, M]` (-1 padding) at its token, with
-        the latents `z [N, n_in]` there; rows that remove the same active latents at the same
-        token (candidates of other outputs, or sharing a side) are computed once, for every
-        output, and read at their own."""
-        coef = _coefficients(z, members)
-        active = torch.where(coef != 0, members, torch.full_like(members, -1)).sort(1).values
-        inverse = _unique_rows(torch.cat([token[:, None], active + 1], 1), z.shape[1] + 1)
+        """`evaluate` of each row removing its `members [N, M]` (-1 padding) at its token, whose
+        latents there are `coef [N, M]` (`latent_lookup`); rows that remove the same active
+        latents at the same token (candidates of other outputs, or sharing a side) are computed
+        once, for every output, and read at their own."""
+        active = torch.where(coef != 0, members, torch.full_like(members, -1)).sort(1)
+        coef = coef.gather(1, active.indices)
+        active = active.values
+        inverse = _unique_rows(torch.cat([token[:, None], active + 1], 1), int(active.max()) + 2 if active.numel() else 2)
         first = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long,
                             device=token.device).scatter_(0, inverse, torch.arange(len(token), device=token.device))
-        pre = self.evaluate(source, token[first], None, *side_removal(z[first], active[first]), projected=projected)[0]
+        pre = self.evaluate(source, token[first], None, *side_removal(coef[first], active[first]),
+                            projected=projected)[0]
         pre = pre[inverse]
         return pre[torch.arange(len(out), device=out.device), out], self.sae_out.encode_at(pre, out)
 
@@ -139,38 +141,48 @@ class Entries:
     token: torch.Tensor
 
 
-def candidate_tokens(on: torch.Tensor, active: torch.Tensor, sides: Sides, block: int = 4096) -> Entries:
-    """Every (candidate, token) where the output is active and both sides are on (a side is
-    on where any member is active), ordered by token, then output, then candidate. `on [t,
-    n_in]`, `active [t, n_out]` bool. Tokens are packed as bits (`_bit_words`), so a
-    candidate costs a few word operations per 32 tokens, not one per active token of its
-    output; `block` candidates at a time bound the memory."""
-    words = _bit_words(on)
-    on_words = torch.cat([words, words.new_zeros(1, words.shape[1])])  # the padding member (-1) is never on
-    active_words = _bit_words(active)
-    side_words = lambda members: _or_rows(on_words, torch.where(members >= 0, members, on.shape[1]))  # noqa: E731
-    bit = torch.arange(32, device=on.device)
+def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: Sides, limit: int | None = None,
+                     block: int = 64) -> Entries:
+    """The (candidate, token)s where the output is active and both sides are on (a side is on
+    where any member is active): every one, or with `limit` each candidate's first `limit`
+    tokens in the words' order. `on_words [n_in, w]`, `active_words [n_out, w]`: the tokens
+    each input and output is on at, as bits (`bit_words`), so a candidate costs a few word
+    operations per 32 tokens, not one per active token of its output, and only the words
+    holding its first tokens are unpacked; `block` candidates at a time bound the memory."""
+    on_words = torch.cat([on_words, on_words.new_zeros(1, on_words.shape[1])])  # the padding member (-1) is never on
+    side_words = lambda members: _or_rows(on_words, torch.where(members >= 0, members, len(on_words) - 1))  # noqa: E731
+    bit = torch.arange(32, device=on_words.device)
     cands, tokens = [], []
     for first in range(0, len(sides), block):
         rows = slice(first, first + block)
         both = active_words[sides.out[rows]] & side_words(sides.a[rows]) & side_words(sides.b[rows])  # [c, words]
-        cand, word = both.nonzero(as_tuple=True)
-        hit, at = ((both[cand, word][:, None] >> bit) & 1).nonzero(as_tuple=True)
+        count = _popcount(both)
+        before = count.cumsum(1) - count  # the candidate's tokens in its earlier words
+        cand, word = ((count > 0) if limit is None else (count > 0) & (before < limit)).nonzero(as_tuple=True)
+        bits = (both[cand, word][:, None] >> bit) & 1  # [n, 32]
+        keep = bits.bool() if limit is None else bits.bool() & (before[cand, word][:, None] + bits.cumsum(1) - bits < limit)
+        hit, at = keep.nonzero(as_tuple=True)
         cands.append(cand[hit] + first)
         tokens.append(word[hit] * 32 + at)
-    cand, token = torch.cat(cands), torch.cat(tokens)
-    order = torch.argsort((token * active.shape[1] + sides.out[cand]) * len(sides) + cand)
-    return Entries(cand[order], token[order])
+    return Entries(torch.cat(cands), torch.cat(tokens))
 
 
-def _bit_words(table: torch.Tensor) -> torch.Tensor:
-    """`[n, ceil(t / 32)]` int64: column j of a bool `table [t, n]` as bits, 32 tokens a word."""
-    t, n = table.shape
-    words = -(-t // 32)
-    padded = torch.zeros(words * 32, n, dtype=torch.long, device=table.device)
-    padded[:t] = table.long()
-    shift = torch.arange(32, device=table.device)[None, :, None]
-    return (padded.view(words, 32, n) << shift).sum(1).T.contiguous()
+def _popcount(words: torch.Tensor) -> torch.Tensor:
+    """The set bits of each 32-bit word held in int64."""
+    x = words - ((words >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
+
+
+def bit_words(token: torch.Tensor, column: torch.Tensor, n_tokens: int, n_columns: int) -> torch.Tensor:
+    """`[n_columns, ceil(n_tokens / 32)]` int64: the tokens at which each column is on, as
+    bits, 32 tokens a word, from the (token, column) positions that are on (each once), such
+    as a sparse table's indices: no dense `[tokens, columns]` table is made."""
+    words = -(-n_tokens // 32)
+    found = torch.zeros(n_columns * words, dtype=torch.long, device=token.device)
+    found.index_add_(0, column * words + token // 32, torch.ones_like(token) << (token % 32))
+    return found.view(n_columns, words)
 
 
 def _or_rows(words: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -181,15 +193,15 @@ def _or_rows(words: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return found
 
 
-def side_removal(z: torch.Tensor, members: torch.Tensor, drop_slot: torch.Tensor | None = None
+def side_removal(coef: torch.Tensor, members: torch.Tensor, drop_slot: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The removal of one side per evaluation, as (entry, member, coef) triples for
-    `LayerIntervention.evaluate`. `z [N, n_in]`: the latents at each evaluation's token;
-    `members [N, M]` (-1 padding); `drop_slot [N]`: a slot kept out of the removal (-1: none)."""
-    M = members.shape[1]
-    coef = _coefficients(z, members)
+    `LayerIntervention.evaluate`. `members [N, M]` (-1 padding) and their latents `coef [N, M]`
+    at each evaluation's token (`latent_lookup`); `drop_slot [N]`: a slot kept out of the
+    removal (-1: none)."""
     if drop_slot is not None:
-        coef = torch.where(torch.arange(M, device=z.device) == drop_slot[:, None], torch.zeros_like(coef), coef)
+        coef = torch.where(torch.arange(members.shape[1], device=coef.device) == drop_slot[:, None],
+                           torch.zeros_like(coef), coef)
     entry, slot = (coef != 0).nonzero(as_tuple=True)
     return entry, members[entry, slot], coef[entry, slot]
 
@@ -203,17 +215,17 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
     device = source.device
     sums = {f"{kind}_{r}": torch.zeros(C, dtype=torch.float64, device=device) for kind in ("pre", "act")
             for r in REMOVALS}
+    latents = latent_lookup(z)
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
-        zt = _rows(z, token)
         out = sides.out[cand]
         removals = {"none": cand.new_full((len(cand), 1), -1), "a": sides.a[cand], "b": sides.b[cand]}
         removals["ab"] = torch.cat([removals["a"], removals["b"]], 1)
-        unique, token = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
+        unique, token_of = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
         mine = source[unique]
         projected = layer.project(mine)
         for r, members in removals.items():
-            pre, act = layer.evaluate_shared(mine, zt, token, out, members, projected)
+            pre, act = layer.evaluate_shared(mine, latents(token, members), token_of, out, members, projected)
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
     n = torch.bincount(entries.cand, minlength=C).double()
@@ -232,19 +244,21 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
     change = torch.zeros(C * M, dtype=torch.float64, device=source.device)
     base = torch.zeros(C, dtype=torch.float64, device=source.device)
     nothing = lambda t: (t.new_zeros(0), t.new_zeros(0), source.new_zeros(0))  # noqa: E731
+    latents = latent_lookup(z)
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
-        zt, mine, out = _rows(z, token), members[cand], sides.out[cand]
+        mine, out = members[cand], sides.out[cand]
+        coef = latents(token, mine)
         unique, token = token.unique(return_inverse=True)  # the chunk's tokens, projected once
         rows = source[unique]
         projected = layer.project(rows)
         base.index_add_(0, cand, layer.evaluate(rows, token, out, *nothing(cand), projected)[1].double())
-        removed = layer.evaluate(rows, token, out, *side_removal(zt, mine), projected)[1]
+        removed = layer.evaluate(rows, token, out, *side_removal(coef, mine), projected)[1]
         # only a member active at the entry's token can change anything there
-        entry, slot = (_coefficients(zt, mine) != 0).nonzero(as_tuple=True)
+        entry, slot = (coef != 0).nonzero(as_tuple=True)
         for s in range(0, len(entry), chunk):
             e, k = entry[s : s + chunk], slot[s : s + chunk]
-            kept = layer.evaluate(rows, token[e], out[e], *side_removal(zt[e], mine[e], k), projected)[1]
+            kept = layer.evaluate(rows, token[e], out[e], *side_removal(coef[e], mine[e], k), projected)[1]
             change.index_add_(0, cand[e] * M + k, (kept - removed[e]).double())
     return change.view(C, M) / base.clamp_min(1e-30)[:, None]
 
@@ -263,11 +277,21 @@ def _unique_rows(rows: torch.Tensor, base: int) -> torch.Tensor:
     return torch.unique(rows, dim=0, return_inverse=True)[1]
 
 
-def _coefficients(z: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
-    """`[N, M]`: each member's latent at the row's token (0 for padding)."""
-    return torch.cat([z, z.new_zeros(len(z), 1)], 1).gather(1, torch.where(members >= 0, members, z.shape[1]))
+def latent_lookup(z: torch.Tensor):
+    """A function of `token [N]` and `members [N, M]` (-1 padding) giving `[N, M]`: each
+    member's latent at the row's token (0 for padding), from a dense or sparse COO `z [T,
+    n_in]`; a sparse one is searched by its sorted (token, latent) keys, not made dense."""
+    if not z.is_sparse:
+        return lambda token, members: z[token[:, None], members.clamp_min(0)] * (members >= 0)
+    z = z.coalesce()
+    n_in = z.shape[1]
+    keys, values = z.indices()[0] * n_in + z.indices()[1], z.values()
 
+    def at(token: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
+        if not len(keys):
+            return values.new_zeros(members.shape)
+        want = token[:, None] * n_in + members.clamp_min(0)
+        i = torch.searchsorted(keys, want).clamp_max(len(keys) - 1)
+        return torch.where((keys[i] == want) & (members >= 0), values[i], values.new_zeros(()))
 
-def _rows(z: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """Dense rows `[N, n_in]` of a dense or sparse COO `z`."""
-    return z.index_select(0, token).to_dense() if z.is_sparse else z[token]
+    return at

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from circuits.bilinear import interaction_matrices
-from circuits.gates.interventions import LayerIntervention, Sides, side_removal
+from circuits.gates.interventions import LayerIntervention, Sides, latent_lookup, side_removal
 from circuits.sae_basis import token_scale
 from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, hook_name, input_gain
 from circuits.weights import MLPWeights
@@ -61,7 +61,9 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     boost = {f: torch.tensor(boosted.get(f, []), dtype=torch.long) for f in out.unique().tolist()}
     measured = {"before": _measure_runs(model, cache, saes, [(r, None, None) for r in row.unique().tolist()],
                                         row, position, out, boost, batch_rows, per_entry=None)}
-    removals = {"a": side_removal(z, sides.a[entries.cand]), "b": side_removal(z, sides.b[entries.cand])}
+    latents = latent_lookup(z)  # z holds the sampled entries' rows, in their order
+    removal = lambda members: side_removal(latents(torch.arange(len(z)), members), members)  # noqa: E731
+    removals = {"a": removal(sides.a[entries.cand]), "b": removal(sides.b[entries.cand])}
     removals["both"] = tuple(torch.cat([x, y]) for x, y in zip(removals["a"], removals["b"]))
     records = []
     for ablated, (entry, member, coef) in removals.items():

@@ -12,20 +12,19 @@ ones only confirmation tokens, so the confirmation is a test on data the ranking
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, candidate_tokens,
+from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, bit_words, candidate_tokens,
                                           intervention_table, member_effects)
 from circuits.gates.types import GateThresholds, causal_score, gate_types, keeps
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
 from circuits.sites import MLP_IN, MLP_OUT, hook_name
-from circuits.spectra import smallest_per_group
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
 
@@ -33,14 +32,31 @@ IV_COLUMNS = ["iv_tokens", *(f"act_{r}" for r in REMOVALS), *(f"pre_{r}" for r i
               "keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "gate_type"]
 
 
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of each value of `x` (int64, its low 32 bits)."""
+    x = x & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _position_hash(flat: torch.Tensor, seed: int) -> torch.Tensor:
+    return _mix(flat.long() * 2654435761 + seed * 40503 + 12345)
+
+
 def confirmation_tokens(flat: torch.Tensor, seed: int, share: float) -> torch.Tensor:
     """Whether each flat position (row * n_ctx + position) is a confirmation token: a seeded
     hash of the position below `share`, the same on every run and for any batching."""
-    x = (flat.long() * 2654435761 + seed * 40503 + 12345) & 0xFFFFFFFF
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & 0xFFFFFFFF
-    x = x ^ (x >> 16)
-    return x.double() / 2.0**32 < share
+    return _position_hash(flat, seed).double() / 2.0**32 < share
+
+
+def sample_order(flat: torch.Tensor, seed: int) -> torch.Tensor:
+    """`[t]`: the positions `flat` in a seeded order, by a hash of the position independent
+    of `confirmation_tokens`'. A candidate's token sample is its first eligible tokens in this
+    order: a uniform sample of its tokens that does not depend on which other candidates are
+    sampled with it (a pruned group gate sees its own), and that candidates share where
+    they can, so what they share at a token is computed once."""
+    return torch.argsort(_mix(_position_hash(flat, seed) ^ 0x5BD1E995), stable=True)
 
 
 @dataclass
@@ -59,6 +75,7 @@ class LayerCache:
     tokens: torch.Tensor  # [rows, n_ctx] token ids
     n_ctx: int
     eps: float
+    _words: dict = field(default_factory=dict, repr=False)  # `_bits` of the ranking and the confirmation tokens
 
     @classmethod
     @torch.no_grad()
@@ -105,21 +122,33 @@ class LayerCache:
 
         return batches
 
-    def sample(self, sides: Sides, confirm: bool, max_tokens: int, seed: int, size: int = 8192) -> Entries:
-        """At most `max_tokens` tokens per candidate, a seeded sample of the ranking (or
-        confirmation) tokens where its output is active and both sides are on."""
-        generator = torch.Generator().manual_seed(seed)
-        index = torch.nonzero(self.confirm == confirm)[:, 0]
-        cand, token, key = [torch.zeros(0, dtype=torch.long)] * 2 + [torch.zeros(0, dtype=torch.float64)]
-        for start in range(0, len(index), size):
-            mine = index[start : start + size]
-            found = candidate_tokens(self.z.index_select(0, mine).to_dense() != 0,
-                                     self.acts.index_select(0, mine).to_dense() != 0, sides)
-            cand, token = torch.cat([cand, found.cand]), torch.cat([token, mine[found.token]])
-            key = torch.cat([key, torch.rand(len(found.cand), generator=generator, dtype=torch.float64)])
-            best = smallest_per_group(cand, key, max_tokens)
-            cand, token, key = cand[best], token[best], key[best]
-        return Entries(cand, token)
+    def sample(self, sides: Sides, confirm: bool, max_tokens: int, seed: int) -> Entries:
+        """At most `max_tokens` tokens per candidate where its output is active and both sides
+        are on, among the ranking (or confirmation) tokens: its first in `sample_order`.
+        Ordered by token, then candidate."""
+        index, on_words, active_words = self._bits(confirm, seed)
+        found = candidate_tokens(on_words, active_words, sides, limit=max_tokens)
+        token = index[found.token]
+        order = torch.argsort(token * max(len(sides), 1) + found.cand)
+        return Entries(found.cand[order], token[order])
+
+    def _bits(self, confirm: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ranking (or confirmation) tokens' cache rows `[t]` in `sample_order`, and at
+        which of them each input latent is on and each output active, as `bit_words`."""
+        if (confirm, seed) not in self._words:
+            index = torch.nonzero(self.confirm == confirm)[:, 0]
+            index = index[sample_order(self.flat[index], seed)]
+            position = torch.full((len(self.flat),), -1, dtype=torch.long)
+            position[index] = torch.arange(len(index))
+
+            def words(table: torch.Tensor) -> torch.Tensor:
+                token, column = table.indices()
+                at = position[token]
+                keep = (at >= 0) & (table.values() != 0)
+                return bit_words(at[keep], column[keep], len(index), table.shape[1])
+
+            self._words[(confirm, seed)] = (index, words(self.z), words(self.acts))
+        return self._words[(confirm, seed)]
 
 
 def thresholds(cfg) -> GateThresholds:
