@@ -103,22 +103,26 @@ class ReadSetStats:
         """Add tokens: input latents `z [t, n_in]`, per-token factor `scale [t]`, output
         activations `acts [t, n_out]`."""
         S = self.members.shape[0]
-        powers = 2 ** torch.arange(self.M, device=z.device)
+        # code of set s = sum over its members m that are on of 2^slot: a sparse product of the on/off table
+        # with a [n_in + 1, S] table of powers (exact in float32: codes are below 2^24)
+        slot_power = (2 ** torch.arange(self.M, device=z.device, dtype=torch.float32)).expand(S, -1)
+        powers = torch.zeros(self.n_in + 1, S, device=z.device).index_put_(
+            (self.members.reshape(-1), torch.arange(S, device=z.device).repeat_interleave(self.M)),
+            slot_power.reshape(-1), accumulate=True)[: self.n_in]
         base = torch.arange(S, device=z.device) * 2 ** self.M
+        size = S * 2 ** self.M
         for start in range(0, z.shape[0], self.token_chunk):
             zc = z[start : start + self.token_chunk].double()
-            padded = torch.cat([zc, zc.new_zeros(len(zc), 1)], 1)
-            # codes from on/off bits in 16-bit integers: [t, S, M] of them is the largest tensor here
-            bits = (padded != 0)[:, self.members].to(torch.int16)
-            codes = (bits * powers.to(torch.int16)).sum(-1, dtype=torch.int64) + base  # [t, S]
+            on = (zc != 0).float().to_sparse()
+            codes = torch.sparse.mm(on, powers).round().long() + base  # [t, S]
             act = acts[start : start + self.token_chunk][:, self.outputs].double()  # [t, S]
-            size = S * 2 ** self.M
-            flat = codes.reshape(-1)
-            self.count.view(-1).add_(torch.bincount(flat, minlength=size).double())
-            self.sum.view(-1).add_(torch.bincount(flat, weights=act.reshape(-1), minlength=size))
-            self.active.view(-1).add_(torch.bincount(flat, weights=(act != 0).double().reshape(-1), minlength=size))
-            token, s = (act != 0).nonzero(as_tuple=True)
+            self.count.view(-1).add_(torch.bincount(codes.reshape(-1), minlength=size).double())
+            token, s = (act != 0).nonzero(as_tuple=True)  # only where f is active do the sums change
+            at = codes[token, s]
+            self.sum.view(-1).add_(torch.bincount(at, weights=act[token, s], minlength=size))
+            self.active.view(-1).add_(torch.bincount(at, minlength=size).double())
             if token.numel():
+                padded = torch.cat([zc, zc.new_zeros(len(zc), 1)], 1)
                 v = padded[token[:, None], self.members[s]]  # [p, M]
                 terms = self.cross[s] * v[:, self.i] * v[:, self.j] * scale[start : start + self.token_chunk][token, None].double()
                 self.contribution.index_add_(0, s, terms)
@@ -239,10 +243,12 @@ class GroupStats:
         weighted = (act != 0).double() * scale[:, None]  # [t, C]
         for a, b in self.pairs:
             gates = ((self.group_a == a) & (self.group_b == b)).nonzero()[:, 0]
+            # the cross term is zero unless both groups are on, and counts only where a gate's output is active
+            rows = (on[:, a] & on[:, b] & (weighted[:, gates] != 0).any(1)).nonzero()[:, 0]
             ia, ib = self.members[a], self.members[b]
-            za, zb = z[:, ia], z[:, ib]  # only the members' columns: their products are what counts
+            za, zb = z[rows][:, ia], z[rows][:, ib]  # only the members' columns: their products are what counts
             cross = (za @ self.Pg[ia]) * (zb @ self.Pi[ib]) + (zb @ self.Pg[ib]) * (za @ self.Pi[ia])  # [t, h]
-            summed = weighted[:, gates].T @ cross  # [c, h]: over each gate's active tokens
+            summed = weighted[rows][:, gates].T @ cross  # [c, h]: over each gate's active tokens
             self.contribution[gates] += (summed * self.weights[self.outputs[gates]]).sum(-1)
 
     def result(self) -> GroupResult:

@@ -104,7 +104,8 @@ class LayerIntervention:
         if projected is None:  # only the tokens evaluated
             unique, token = token.unique(return_inverse=True)
             projected = self.project(source[unique])
-        kept = projected[token].index_add_(0, entry, coef[:, None].to(self.taken.dtype) * self.taken[member], alpha=-1)
+        taken = coef[:, None].to(self.taken.dtype) * self.taken.index_select(0, member)
+        kept = projected.index_select(0, token).index_add_(0, entry, taken, alpha=-1)
         d_mlp = self.mlp.W_gate.shape[1]
         product = (kept[:, :d_mlp] * kept[:, d_mlp : 2 * d_mlp]) @ self.mlp.W_out  # [N, d] before the norm's factor
         if self.site == RESID_MID:
@@ -129,7 +130,7 @@ class LayerIntervention:
                             device=token.device).scatter_(0, inverse, torch.arange(len(token), device=token.device))
         pre = self.evaluate(source, token[first], None, *side_removal(coef[first], active[first]),
                             projected=projected)[0]
-        pre = pre[inverse]
+        pre = pre.index_select(0, inverse)
         return pre[torch.arange(len(out), device=out.device), out], self.sae_out.encode_at(pre, out)
 
 
@@ -155,8 +156,8 @@ def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: 
     cands, tokens = [], []
     for first in range(0, len(sides), block):
         rows = slice(first, first + block)
-        both = active_words[sides.out[rows]] & side_words(sides.a[rows]) & side_words(sides.b[rows])  # [c, words]
-        count = _popcount(both)
+        both = active_words.index_select(0, sides.out[rows]) & side_words(sides.a[rows]) & side_words(sides.b[rows])
+        count = _popcount(both)  # [c, words]
         before = count.cumsum(1) - count  # the candidate's tokens in its earlier words
         cand, word = ((count > 0) if limit is None else (count > 0) & (before < limit)).nonzero(as_tuple=True)
         bits = (both[cand, word][:, None] >> bit) & 1  # [n, 32]
@@ -187,9 +188,10 @@ def bit_words(token: torch.Tensor, column: torch.Tensor, n_tokens: int, n_column
 
 def _or_rows(words: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """`[c, w]`: the bitwise or of rows `index [c, M]` of `words [n, w]`."""
-    found = words[index[:, 0]]
+    # index_select: ten times faster than indexing with a tensor for these wide int64 rows
+    found = words.index_select(0, index[:, 0])
     for slot in range(1, index.shape[1]):
-        found |= words[index[:, slot]]
+        found |= words.index_select(0, index[:, slot])
     return found
 
 

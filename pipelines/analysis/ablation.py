@@ -108,10 +108,13 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
     for f, ids in boost.items():
         boost_ids[f, : len(ids)], boost_mask[f, : len(ids)] = ids, 1.0
     result = {k: torch.full((E,), float("nan"), dtype=torch.float64) for k in ("pre", "act", "logprob")}
+    read = lambda r, c: (row == r) if c is None else (row == r) & (per_entry == c)  # noqa: E731
+    # a pass runs to its batch's last read position: batch items of similar length together
+    items = sorted(items, key=lambda item: int(position[read(item[0], item[1])].max()))
     for start in range(0, len(items), batch_rows):
         chunk = items[start : start + batch_rows]
         # the entries each pass reads, and how far the pass must run along its row
-        reads = [(row == r) if c is None else (row == r) & (per_entry == c) for r, c, _ in chunk]
+        reads = [read(r, c) for r, c, _ in chunk]
         length = max(int(position[m].max()) + 1 for m in reads)
         resid = cache.resid_pre[[r for r, _, _ in chunk], :length]
         removal = torch.zeros(len(chunk), length, resid.shape[-1], dtype=cache.source.dtype)
