@@ -292,7 +292,12 @@ def stage_flops(stage: str, cfg, m) -> float:
         candidates = 2 * v.n_ablate + 2
         # an ablated token needs the layers after it at its own position (earlier ones are cached) and the unembedding
         ablations = m.n_layers * candidates * 3 * v.ablate_tokens * forward_flops(m)
-        return rows * (forward_flops(m, unembed=False) + m.n_layers * 2 * d * 2 * d_sae) + ablations
+        # every pair is tested on at most iv_tokens tokens: at least removing side A and side B are evaluations
+        # of their own (the clean output and removing both can be shared or derived), each the MLP's product
+        # through W_out and the output SAE's encoder
+        pairs = d_sae * (cfg.circuits.analysis.n_gates + v.n_interactions + v.n_self * (v.n_self - 1) // 2)
+        interventions = m.n_layers * pairs * v.iv_tokens * 2 * (2 * m.d_mlp * d + 2 * d * d_sae)
+        return rows * (forward_flops(m, unembed=False) + m.n_layers * 2 * d * 2 * d_sae) + ablations + interventions
     raise ValueError(stage)
 
 
