@@ -101,6 +101,19 @@ def test_candidate_tokens_are_exactly_where_the_output_is_active_and_both_sides_
     first = candidate_tokens(words(on), words(active), sides, limit=3, block=block)
     firsts = {(c, t) for c in range(5) for t in sorted(t for d, t in want if d == c)[:3]}
     assert set(zip(first.cand.tolist(), first.token.tolist())) == firsts and len(first.cand) == len(firsts)
+    nothing = candidate_tokens(words(on), words(active), Sides.of_groups([], [], []))
+    assert nothing.cand.shape == nothing.token.shape == (0,)
+
+
+@pytest.mark.parametrize("limit", [1, 31, 32, 33, 64, 65, 100])
+def test_a_limit_keeps_the_first_tokens_across_words(limit):
+    # a candidate on at every token: its first `limit` tokens run through whole 32-token words (bit 31 included)
+    on, active = torch.ones(90, N_IN, dtype=torch.bool), torch.ones(90, N_OUT, dtype=torch.bool)
+    on[[5, 40, 70], 2] = False  # side a's only member is off at three tokens
+    words = lambda table: bit_words(*table.nonzero().T, 90, table.shape[1])  # noqa: E731
+    found = candidate_tokens(words(on), words(active), Sides.of_groups([3], [[2]], [[4]]), limit=limit)
+    want = [t for t in range(90) if t not in (5, 40, 70)][:limit]
+    assert sorted(found.token.tolist()) == want and (found.cand == 0).all()
 
 
 @pytest.mark.parametrize("k, relu", [(4, True), (4, False), (None, True), (N_OUT, False)])
@@ -216,13 +229,15 @@ def test_a_pair_the_interventions_show_as_and_is_not_split():
     assert is_split(evidence, np.array(["and", "or", "or"], dtype=object)).tolist() == [False, True, False]
 
 
-def _cache(source, z, eps):
-    """A LayerCache of `source [T, d]` and latents `z`, every output active at every token."""
+def _cache(source, z, eps, acts=None):
+    """A LayerCache of `source [T, d]` and latents `z`, with output activations `acts` (every
+    output active at every token when None)."""
     from pipelines.analysis.interventions import LayerCache
 
     T = len(source)
+    acts = torch.ones(T, N_OUT, dtype=F64) if acts is None else acts
     return LayerCache(layer=0, site="resid_mid", flat=torch.arange(T), source=source, z=z.to_sparse(),
-                      acts=torch.ones(T, N_OUT, dtype=F64).to_sparse(), confirm=torch.zeros(T, dtype=torch.bool),
+                      acts=acts.to_sparse(), confirm=torch.zeros(T, dtype=torch.bool),
                       resid_pre=torch.zeros(1, T, D, dtype=F64), tokens=torch.zeros(1, T, dtype=torch.long), n_ctx=T,
                       eps=eps)
 
@@ -286,15 +301,15 @@ def test_a_candidates_token_sample_does_not_depend_on_the_candidates_sampled_wit
     g = torch.Generator().manual_seed(4)
     T = 300
     z = (torch.rand(T, N_IN, generator=g) < 0.4).double() * (1 + torch.rand(T, N_IN, generator=g, dtype=F64))
-    cache = _cache(torch.randn(T, D, generator=g, dtype=F64), z, 1e-5)
-    cache.acts = ((torch.rand(T, N_OUT, generator=g) < 0.5).double()).to_sparse()
+    acts = (torch.rand(T, N_OUT, generator=g) < 0.5).double()
+    cache = _cache(torch.randn(T, D, generator=g, dtype=F64), z, 1e-5, acts)
     every = Sides.of_groups([5, 0, 5, 9, 15], [[1, 2], [0], [3], [4, 5, 6], [7]], [[3], [1], [8, 9], [10], [11]])
     found = cache.sample(every, False, 10, seed=0)
     assert torch.equal(found.token, found.token.sort().values)  # by token: what a token's candidates share runs once
     for c in range(len(every)):
         alone = cache.sample(Sides(every.out[[c]], every.a[[c]], every.b[[c]]), False, 10, seed=0)
         assert torch.equal(alone.token, found.token[found.cand == c]) and len(alone.token) == 10
-    eligible = lambda c: {t for t in range(T) if cache.acts.to_dense()[t, every.out[c]] != 0  # noqa: E731
+    eligible = lambda c: {t for t in range(T) if acts[t, every.out[c]] != 0  # noqa: E731
                           and (z[t, every.a[c][every.a[c] >= 0]] != 0).any() and (z[t, every.b[c][every.b[c] >= 0]] != 0).any()}
     assert all(set(found.token[found.cand == c].tolist()) <= eligible(c) for c in range(len(every)))
     assert not torch.equal(cache.sample(every, False, 10, seed=1).token, found.token)

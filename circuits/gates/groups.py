@@ -92,6 +92,12 @@ class ReadSetStats:
         self.members = torch.where(members >= 0, members, n_in)  # padding reads a zero column
         self.i, self.j = pair_slots(M)
         self.token_chunk = token_chunk
+        # a set's code is the sum of 2^slot over its members that are on: a sparse product of the tokens'
+        # on/off table with this [n_in, S] table of powers (exact in float32: codes are below 2^24)
+        slot_power = (2 ** torch.arange(M, device=members.device, dtype=torch.float32)).expand(S, -1)
+        self.powers = torch.zeros(n_in + 1, S, device=members.device).index_put_(
+            (self.members.reshape(-1), torch.arange(S, device=members.device).repeat_interleave(M)),
+            slot_power.reshape(-1), accumulate=True)[:n_in]
         zeros = dict(dtype=torch.float64, device=members.device)
         self.count = torch.zeros(S, 2 ** M, **zeros)  # tokens per code
         self.sum = torch.zeros(S, 2 ** M, **zeros)  # f's activation per code
@@ -103,18 +109,12 @@ class ReadSetStats:
         """Add tokens: input latents `z [t, n_in]`, per-token factor `scale [t]`, output
         activations `acts [t, n_out]`."""
         S = self.members.shape[0]
-        # code of set s = sum over its members m that are on of 2^slot: a sparse product of the on/off table
-        # with a [n_in + 1, S] table of powers (exact in float32: codes are below 2^24)
-        slot_power = (2 ** torch.arange(self.M, device=z.device, dtype=torch.float32)).expand(S, -1)
-        powers = torch.zeros(self.n_in + 1, S, device=z.device).index_put_(
-            (self.members.reshape(-1), torch.arange(S, device=z.device).repeat_interleave(self.M)),
-            slot_power.reshape(-1), accumulate=True)[: self.n_in]
         base = torch.arange(S, device=z.device) * 2 ** self.M
         size = S * 2 ** self.M
         for start in range(0, z.shape[0], self.token_chunk):
             zc = z[start : start + self.token_chunk].double()
             on = (zc != 0).float().to_sparse()
-            codes = torch.sparse.mm(on, powers).round().long() + base  # [t, S]
+            codes = torch.sparse.mm(on, self.powers).round().long() + base  # [t, S]
             act = acts[start : start + self.token_chunk][:, self.outputs].double()  # [t, S]
             self.count.view(-1).add_(torch.bincount(codes.reshape(-1), minlength=size).double())
             token, s = (act != 0).nonzero(as_tuple=True)  # only where f is active do the sums change

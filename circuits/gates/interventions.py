@@ -14,9 +14,10 @@ layer is recomputed exactly:
   `pipelines.analysis.ablation` checks this).
 
 Because the layer is bilinear in x, `x' W_gate = rho' (y W_gate - sum_m z_m P_m)` with
-`y = g * r` and `P = (g * D) W_gate` computed once per layer: a removal costs a gather per
-removed latent, not a product with W_gate; only `W_out` and the output SAE's encoder are
-applied per intervention.
+`y = g * r` and `P = (g * D) W_gate` computed once per layer (and `P' = (g * D) W_in`, and
+`D` itself for `r'`, in one table): a removal costs a gather per removed latent, not a
+product with W_gate; only `W_out` and the output SAE's encoder are applied per
+intervention, with the biases after the product folded into one vector of pre-activations.
 
 Per candidate four means over its tokens make its *intervention truth table*: `f` with both
 sides present (t11), `f_a` with A removed (t01: only B left), `f_b` with B removed (t10), and
@@ -71,7 +72,7 @@ class LayerIntervention:
 
     def __init__(self, mlp: MLPWeights, W_dec: torch.Tensor, sae_out: SAEWeights, site: str):
         """`W_dec [n_in, d_model]`: the input SAE's decoder on `site` (resid_mid or mlp_in)."""
-        self.mlp, self.sae_out, self.site, self.W_dec = mlp, sae_out, check_input_site(site), W_dec
+        self.mlp, self.sae_out, self.site = mlp, sae_out, check_input_site(site)
         gain = input_gain(site, mlp.g)
         self.gain = torch.ones_like(mlp.g) if gain is None else gain
         # one row per input latent, what its removal takes from [x W_gate | x W_in | r] (r on resid_mid
@@ -165,7 +166,8 @@ def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: 
         hit, at = keep.nonzero(as_tuple=True)
         cands.append(cand[hit] + first)
         tokens.append(word[hit] * 32 + at)
-    return Entries(torch.cat(cands), torch.cat(tokens))
+    none = torch.zeros(0, dtype=torch.long, device=on_words.device)
+    return Entries(torch.cat([none, *cands]), torch.cat([none, *tokens]))
 
 
 def _popcount(words: torch.Tensor) -> torch.Tensor:
