@@ -223,13 +223,16 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
         out = sides.out[cand]
-        removals = {"none": cand.new_full((len(cand), 1), -1), "a": sides.a[cand], "b": sides.b[cand]}
-        removals["ab"] = torch.cat([removals["a"], removals["b"]], 1)
+        a, b = sides.a[cand], sides.b[cand]
+        coef_a, coef_b = latents(token, a), latents(token, b)  # both sides' latents, read once for every removal
+        nobody = cand.new_full((len(cand), 1), -1)
+        removals = {"none": (nobody, torch.zeros(nobody.shape, dtype=coef_a.dtype, device=device)),
+                    "a": (a, coef_a), "b": (b, coef_b), "ab": (torch.cat([a, b], 1), torch.cat([coef_a, coef_b], 1))}
         unique, token_of = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
         mine = source[unique]
         projected = layer.project(mine)
-        for r, members in removals.items():
-            pre, act = layer.evaluate_shared(mine, latents(token, members), token_of, out, members, projected)
+        for r, (members, coef) in removals.items():
+            pre, act = layer.evaluate_shared(mine, coef, token_of, out, members, projected)
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
     n = torch.bincount(entries.cand, minlength=C).double()

@@ -61,8 +61,8 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     boost = {f: torch.tensor(boosted.get(f, []), dtype=torch.long) for f in out.unique().tolist()}
     measured = {"before": _measure_runs(model, cache, saes, [(r, None, None) for r in row.unique().tolist()],
                                         row, position, out, boost, batch_rows, per_entry=None)}
-    latents = latent_lookup(z)  # z holds the sampled entries' rows, in their order
-    removal = lambda members: side_removal(latents(torch.arange(len(z)), members), members)  # noqa: E731
+    latents = latent_lookup(cache.z)
+    removal = lambda members: side_removal(latents(entries.token, members), members)  # noqa: E731
     removals = {"a": removal(sides.a[entries.cand]), "b": removal(sides.b[entries.cand])}
     removals["both"] = tuple(torch.cat([x, y]) for x, y in zip(removals["a"], removals["b"]))
     records = []

@@ -140,8 +140,7 @@ class LayerCache:
         if (confirm, seed) not in self._words:
             index = torch.nonzero(self.confirm == confirm)[:, 0]
             index = index[sample_order(self.flat[index], seed)]
-            position = torch.full((len(self.flat),), -1, dtype=torch.long, device=self.flat.device)
-            position[index] = torch.arange(len(index), device=self.flat.device)
+            position = _positions(index, len(self.flat))
 
             def words(table: torch.Tensor) -> torch.Tensor:
                 token, column = table.indices()
@@ -240,10 +239,16 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
 def _subset(sides: Sides, entries: Entries, index: list[int]) -> tuple[Sides, Entries]:
     """Candidates `index` of `sides` and their entries, renumbered in that order."""
     at = torch.tensor(index, dtype=torch.long)
-    position = torch.full((len(sides),), -1, dtype=torch.long)
-    position[at] = torch.arange(len(at))
+    position = _positions(at, len(sides))
     keep = position[entries.cand] >= 0
     return Sides(sides.out[at], sides.a[at], sides.b[at]), Entries(position[entries.cand[keep]], entries.token[keep])
+
+
+def _positions(index: torch.Tensor, n: int) -> torch.Tensor:
+    """`[n]`: where each of `n` items stands in `index` (distinct items), -1 where it is not there."""
+    position = torch.full((n,), -1, dtype=torch.long, device=index.device)
+    position[index] = torch.arange(len(index), device=index.device)
+    return position
 
 
 def _kept(table: dict[str, torch.Tensor]) -> torch.Tensor:
