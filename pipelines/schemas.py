@@ -111,14 +111,18 @@ _INTERVENTIONS = (
         "MLP input (`circuits.gates.interventions`)"),
     col("keep_a, keep_b, keep_ab, synergy", FLOAT, "`act_a / act_none`, ...: the share kept when a side leaves; "
         "`(f - f_a - f_b + f_ab) / f`, the cross term's share (`circuits.gates.types`)"),
+    col("keep_a_se, keep_b_se, synergy_se", FLOAT, "standard errors of keep_a, keep_b and synergy over the iv_tokens "
+        "(ratios of means, by the delta method: `circuits.gates.types.keep_errors`)"),
     col("causal_score", FLOAT, "`clip(1 - max(keep_a, keep_b), 0, 1) * clip(synergy, 0, 1)`"),
+    col("causal_bound", FLOAT, "the causal score with keep_a and keep_b raised and synergy lowered by `--rank-z` "
+        "standard errors: what circuit_rank orders by"),
     col("gate_type", STR, "`and`, `or`, `additive`, `one-sided`, `inhibition`, `xor-like`, `neither` or `untested` "
         "(`circuits.gates.types`)"),
 )
 _RANKED = (
     col("split_pair", BOOL, "one concept split over two latents: the correlational evidence and not an `and` by "
         "intervention (`circuits.gates.ranking`)"),
-    col("circuit_rank", INT, "rank in the layer by causal_score of each output's circuit candidate, split ones last "
+    col("circuit_rank", INT, "rank in the layer by causal_bound of each output's circuit candidate, split ones last "
         "(`circuits.gates.ranking`; null otherwise)"),
 )
 _GROUPS = (
@@ -294,12 +298,12 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         *_ABLATED,
     )),
     Table("gate_verdicts", "verdicts", "an output's circuit candidate (its best pair, or its best group gate, by "
-          "causal_score) and the split candidates that outscore it",
+          "causal_bound) and the split candidates that outscore it",
           keys=(*_ORDER, "kind", "in_a", "in_b", "group_a", "group_b"),
           sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
           categories=("kind",), columns=(
         col("kind", STR, "`pair` or `group`"),
-        col("circuit_rank", INT, "rank in the layer among candidates of its kind: by causal_score, split ones last"),
+        col("circuit_rank", INT, "rank in the layer among candidates of its kind: by causal_bound, split ones last"),
         col("in_a, in_b", INT, "`pair`: the inputs (null for groups)"),
         col("group_a, group_b", INT, "`group`: the groups (ids of group_gates; null for pairs)"),
         col("members_a, members_b", INTS, "the inputs of each side"),
@@ -310,7 +314,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("same_top_token", BOOL, "`pair`: the inputs have the same features.top_token"),
         col("input_cosine, coactivation_lift", FLOAT, "`pair`: as in gates"),
         col("split_pair", BOOL, "one concept split over two latents (`circuits.gates.ranking`)"),
-        col("keep_a, keep_b, keep_ab, synergy, causal_score", FLOAT, "the interventions, as in pair_gates"),
+        col("keep_a, keep_b, keep_ab, synergy, causal_score, causal_bound", FLOAT, "the interventions, as in pair_gates"),
         col("gate_type", STR, "as in pair_gates"),
         col("necessary_a, necessary_b", INTS, "`group`: as in group_gates (null for pairs)"),
         col("drop_a, drop_b, drop_both", FLOAT, "share of the output's activation the model-run ablation removed on "

@@ -53,7 +53,7 @@ N_TRUTH, N_ABLATE = 4, 2  # candidates per layer with a truth table (gate_truth)
 CELLS = ("on_on", "on_off", "off_on", "off_off")
 ABLATION_NUMBERS = ("activation_before", "activation_after", "pre_before", "pre_after", "pre_change_predicted",
                     "activation_local", "logprob_before", "logprob_after")
-VERDICT_INTERVENTIONS = ("keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "gate_type")
+VERDICT_INTERVENTIONS = ("keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "causal_bound", "gate_type")
 SHARES = ("share_a", "share_b", "share_other", "share_bias", "share_error")
 
 
@@ -96,9 +96,10 @@ def _interventions(rng, members_a=None, members_b=None) -> dict:
     keep = {f"keep_{k}": act[f"act_{k}"] / act["act_none"] for k in ("a", "b", "ab")}
     synergy = 1 - keep["keep_a"] - keep["keep_b"] + keep["keep_ab"]
     out = {"iv_tokens": int(rng.integers(5, 60)), **act, **{k.replace("act", "pre"): v - 0.2 for k, v in act.items()},
-           **keep, "synergy": synergy,
+           **keep, "synergy": synergy, **{f"{k}_se": float(rng.uniform(0, 0.1)) for k in ("keep_a", "keep_b", "synergy")},
            "causal_score": float(np.clip(1 - max(keep["keep_a"], keep["keep_b"]), 0, 1) * np.clip(synergy, 0, 1)),
            "gate_type": str(rng.choice(GATE_TYPES[:-1]))}
+    out["causal_bound"] = out["causal_score"] * float(rng.uniform(0, 1))
     if members_a is not None:
         out.update(necessary_a=list(members_a[:1]), necessary_b=list(members_b[:1]))
     return out

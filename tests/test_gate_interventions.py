@@ -13,7 +13,8 @@ from circuits.gates.interventions import (Entries, LayerIntervention, Sides, _un
                                           intervention_table, latent_lookup, member_effects,
                                           side_removal)
 from circuits.gates.ranking import circuit_ranks, is_split
-from circuits.gates.types import GateThresholds, causal_score, closed_form, gate_types, keeps
+from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, gate_types, keep_errors,
+                                  keeps)
 from circuits.weights import MLPWeights, SAEWeights
 
 F64 = torch.float64
@@ -162,6 +163,11 @@ def test_intervention_table_equals_evaluate_entry_by_entry():
             mean = torch.zeros(len(sides), dtype=F64).index_add_(0, entries.cand, values) / n
             torch.testing.assert_close(table[f"{kind}_{r}"], mean)
     assert (table["act_ab"] == 0).any() or (table["act_a"] == 0).any() or (table["act_b"] == 0).any()
+    # the mean products of the four activations, entry by entry: what the keeps' errors read
+    acts = torch.stack([layer.evaluate(source, entries.token, out, *side_removal(latent_lookup(z)(entries.token, m), m))[1]
+                        for m in members.values()], 1)  # [E, 4] in REMOVALS order
+    second = torch.zeros(len(sides), 4, 4, dtype=F64).index_add_(0, entries.cand, acts[:, :, None] * acts[:, None, :])
+    torch.testing.assert_close(table["act_second"], second / n[:, None, None])
 
 
 def test_member_effects_find_the_members_that_matter():
@@ -206,6 +212,49 @@ def test_causal_score_is_high_only_for_a_necessary_cross_term():
     score = causal_score(k["keep_a"], k["keep_b"], k["synergy"])
     np.testing.assert_allclose(score, [1.0, 0.0, 0.0, 0.0])
     np.testing.assert_allclose(k["synergy"], [1.0, 0.0, -1.0, 0.0])
+
+
+def test_keep_errors_are_the_delta_method_errors_of_ratios_of_means():
+    # per-token activations with nothing, A, B and both removed; the errors from the mean
+    # products equal the delta method computed token by token
+    rng = np.random.default_rng(0)
+    values = [rng.uniform(0.5, 2.0, (n, 4)) * [1.0, 0.3, 0.4, 0.1] for n in (5, 30)]
+    mean = np.stack([v.mean(0) for v in values])
+    second = np.stack([(v[:, :, None] * v[:, None, :]).mean(0) for v in values])
+    got = keep_errors(np.array([5, 30]), mean, second)
+    for i, v in enumerate(values):
+        f = v[:, 0]
+        for name, y in (("keep_a", v[:, 1]), ("keep_b", v[:, 2]), ("keep_ab", v[:, 3]),
+                        ("synergy", v[:, 0] - v[:, 1] - v[:, 2] + v[:, 3])):
+            ratio = y.mean() / f.mean()
+            want = np.sqrt(np.sum((y - ratio * f) ** 2) / (len(f) - 1) / len(f)) / f.mean()
+            np.testing.assert_allclose(got[name][i], want, rtol=1e-9)
+    assert np.isnan(keep_errors(np.array([1]), mean[:1], second[:1])["keep_a"]).all()
+
+
+def test_keep_errors_match_the_spread_of_keeps_over_repeated_samples():
+    # planted: f = a b + 0.2 a with noisy inputs; removing A keeps nothing, removing B keeps
+    # the own term; across 2,000 samples of 40 tokens the keeps spread as their errors say
+    rng = np.random.default_rng(1)
+    n, repeats = 40, 2000
+    a, b = rng.gamma(2.0, 0.5, (repeats, n)), rng.gamma(4.0, 0.25, (repeats, n))
+    v = np.stack([a * b + 0.2 * a, np.zeros_like(a), 0.2 * a, np.zeros_like(a)], -1)  # [repeats, n, 4]
+    mean, second = v.mean(1), (v[..., :, None] * v[..., None, :]).mean(1)
+    k = keeps(mean[:, 0], mean[:, 2], mean[:, 1], mean[:, 3])
+    errors = keep_errors(np.full(repeats, n), mean, second)
+    for name in ("keep_b", "synergy"):
+        assert np.median(errors[name]) == pytest.approx(np.std(k[name]), rel=0.1)
+
+
+def test_the_causal_bound_prefers_a_sure_and_to_a_lucky_one():
+    # two ands: the first scores higher by its estimate, but its keeps are uncertain
+    k = keeps([1.0, 1.0], [0.30, 0.35], [0.30, 0.35], [0.0, 0.0])
+    errors = {"keep_a": np.array([0.15, 0.02]), "keep_b": np.array([0.15, 0.02]), "synergy": np.array([0.2, 0.03])}
+    score = causal_score(k["keep_a"], k["keep_b"], k["synergy"])
+    bound = causal_bound(k, errors, 2.0)
+    assert score[0] > score[1] and bound[1] > bound[0]
+    np.testing.assert_allclose(causal_bound(k, errors, 0.0), score)
+    np.testing.assert_allclose(bound[1], causal_score(0.39, 0.39, k["synergy"][1] - 0.06))
 
 
 def test_circuit_ranks_put_each_outputs_best_unsplit_candidate_first_and_outscoring_splits_last():

@@ -34,7 +34,7 @@ def gate(out, a, b, score, cosine=0.1, lift=1.5, gate_type="additive", **extra) 
     """A pair_gates row whose causal score is `score`."""
     row = {**KEYS, "out_feature": out, "in_a": a, "in_b": b, "gate_score": 0.1, "input_cosine": cosine,
            "coactivation_lift": lift, "contribution_share": 0.2, "coactivation": 0.5, "and_data": 0.9,
-           "n_active": 200.0, "n_both": 100.0, "n_a_only": 60.0, "n_b_only": 80.0, "causal_score": score,
+           "n_active": 200.0, "n_both": 100.0, "n_a_only": 60.0, "n_b_only": 80.0, "causal_score": score, "causal_bound": score,
            "gate_type": gate_type if np.isfinite(score) else "untested", "keep_a": 0.1, "keep_b": 0.1, "keep_ab": 0.0,
            "synergy": 0.9}
     return {**row, **extra}
@@ -196,12 +196,20 @@ def test_label_groups_are_joined_by_what_an_output_reads():
 
 def test_group_ranking_takes_each_outputs_best_and_puts_splits_last():
     gates = pd.DataFrame({"out_feature": [1, 1, 2, 3, 4], "group_a": [0, 1, 2, 3, 4], "group_b": [5, 6, 7, 8, 9],
-                          "causal_score": [0.2, 0.4, 0.5, np.nan, 0.3],
+                          "causal_bound": [0.2, 0.4, 0.5, np.nan, 0.3],
                           "gate_type": ["additive", "and", "additive", "untested", "and"]})
     evidence = np.array([False, False, True, False, True])  # output 4's evidence is outweighed: it is an and
     ranked = rank(gates.assign(and_data=0.9), evidence, ["group_a", "group_b"], CFG)
     assert ranked["circuit_rank"].tolist() == [pd.NA, 1, 3, pd.NA, 2]
     assert ranked["split_pair"].tolist() == [False, False, True, False, False]
+
+
+def test_candidates_rank_by_their_causal_bound_not_their_estimate():
+    # output 1's and scores higher by its estimate but is less sure than output 2's
+    gates = pd.DataFrame({"out_feature": [1, 2], "group_a": [0, 1], "group_b": [2, 3], "causal_score": [0.5, 0.4],
+                          "causal_bound": [0.1, 0.3], "gate_type": ["and", "and"], "and_data": 0.9})
+    ranked = rank(gates, np.zeros(2, dtype=bool), ["group_a", "group_b"], CFG)
+    assert ranked["circuit_rank"].tolist() == [2, 1]
 
 
 def test_the_candidates_to_ablate():
@@ -259,7 +267,7 @@ def test_the_printed_group_gate_names_its_pruned_sides_as_plain_numbers(capsys):
     row = dict(layer=0, kind="group", circuit_rank=1, out_feature=336, in_a=None, in_b=None,
                members_a=np.array([3, 116, 29]), members_b=np.array([249, 59]), necessary_a=np.array([116]),
                necessary_b=np.array([249]), label_a="context=positive", label_b="negation", gate_type="and",
-               causal_score=0.7, keep_a=0.2, keep_b=0.1, keep_ab=0.1, synergy=0.9, gate_score=0.0, split_pair=False,
+               causal_score=0.7, causal_bound=0.6, keep_a=0.2, keep_b=0.1, keep_ab=0.1, synergy=0.9, gate_score=0.0, split_pair=False,
                drop_a=np.nan, drop_b=np.nan, drop_both=np.nan, verdict="v", share_a=np.nan, out_description="",
                a_description="", b_description="", is_and=False, negation_gate=False)
     summary.verdicts(pd.DataFrame([row]), 1)

@@ -213,12 +213,15 @@ def side_removal(coef: torch.Tensor, members: torch.Tensor, drop_slot: torch.Ten
 def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.Tensor, sides: Sides,
                        entries: Entries, chunk: int = 4096) -> dict[str, torch.Tensor]:
     """Per candidate `[C]`: `n_tokens` and the means of f's pre-activation and activation over
-    its entries with nothing, A, B and both removed (`pre_none`, `act_a`, ... `REMOVALS`).
+    its entries with nothing, A, B and both removed (`pre_none`, `act_a`, ... `REMOVALS`), and
+    `act_second [C, 4, 4]`, the mean products of the four activations (in `REMOVALS` order;
+    what the keeps' standard errors need, `circuits.gates.types.keep_errors`).
     `source [T, d]`, `z [T, n_in]` (dense or sparse COO): the token cache the entries index."""
     C = len(sides)
     device = source.device
     sums = {f"{kind}_{r}": torch.zeros(C, dtype=torch.float64, device=device) for kind in ("pre", "act")
             for r in REMOVALS}
+    second = torch.zeros(C, len(REMOVALS) ** 2, dtype=torch.float64, device=device)
     latents = latent_lookup(z)
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
@@ -231,13 +234,18 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
         unique, token_of = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
         mine = source[unique]
         projected = layer.project(mine)
+        acts = []
         for r, (members, coef) in removals.items():
             pre, act = layer.evaluate_shared(mine, coef, token_of, out, members, projected)
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
+            acts.append(act.double())
+        acts = torch.stack(acts, 1)
+        second.index_add_(0, cand, (acts[:, :, None] * acts[:, None, :]).flatten(1))
     n = torch.bincount(entries.cand, minlength=C).double()
-    means = {k: torch.where(n > 0, v / n.clamp_min(1), torch.full_like(v, float("nan"))) for k, v in sums.items()}
-    return {"n_tokens": n, **means}
+    per = torch.where(n > 0, 1 / n.clamp_min(1), torch.full_like(n, float("nan")))  # no tokens: NaN means
+    return {"n_tokens": n, **{k: v * per for k, v in sums.items()},
+            "act_second": (second * per[:, None]).view(C, len(REMOVALS), len(REMOVALS))}
 
 
 def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tensor, sides: Sides, entries: Entries,

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, bit_words, candidate_tokens,
                                           intervention_table, member_effects)
-from circuits.gates.types import GateThresholds, causal_score, gate_types, keeps
+from circuits.gates.types import GateThresholds, causal_bound, causal_score, gate_types, keep_errors, keeps
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
 from circuits.sites import MLP_IN, MLP_OUT, hook_name
@@ -29,7 +29,8 @@ from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
 
 IV_COLUMNS = ["iv_tokens", *(f"act_{r}" for r in REMOVALS), *(f"pre_{r}" for r in REMOVALS),
-              "keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "gate_type"]
+              "keep_a", "keep_b", "keep_ab", "synergy", "keep_a_se", "keep_b_se", "synergy_se", "causal_score",
+              "causal_bound", "gate_type"]
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -168,19 +169,24 @@ def intervention_columns(layer: LayerIntervention, cache: LayerCache, sides: Sid
     """`IV_COLUMNS` of every candidate, one row each, in the order of `sides`, on its
     `ranking_entries`."""
     table = intervention_table(layer, cache.source, cache.z, sides, entries)
+    second = table.pop("act_second").numpy()
     frame = pd.DataFrame({"iv_tokens": table["n_tokens"].numpy().astype(np.int64),
                           **{k: table[k].numpy() for k in table if k != "n_tokens"}})
-    frame = frame.assign(**typed(frame, cfg))
+    frame = frame.assign(**typed(frame, second, cfg))
     # a few tokens make a type by chance: a candidate tested on fewer than min_cell is untested
     few = frame["iv_tokens"] < cfg.min_cell
-    frame.loc[few, "gate_type"], frame.loc[few, "causal_score"] = "untested", np.nan
+    frame.loc[few, "gate_type"], frame.loc[few, ["causal_score", "causal_bound"]] = "untested", np.nan
     return frame[IV_COLUMNS]
 
 
-def typed(frame: pd.DataFrame, cfg) -> dict[str, np.ndarray]:
-    """`keep_*`, `synergy`, `causal_score` and `gate_type` from the `act_*` columns."""
+def typed(frame: pd.DataFrame, second: np.ndarray, cfg) -> dict[str, np.ndarray]:
+    """`keep_*`, `synergy`, their standard errors, `causal_score`, `causal_bound` and
+    `gate_type` from the `act_*` columns and the activations' mean products `second [C, 4, 4]`."""
     k = keeps(frame["act_none"], frame["act_b"], frame["act_a"], frame["act_ab"])
-    return {**k, "causal_score": causal_score(k["keep_a"], k["keep_b"], k["synergy"]),
+    errors = keep_errors(frame["iv_tokens"], frame[[f"act_{r}" for r in REMOVALS]].to_numpy(), second)
+    return {**k, **{f"{name}_se": errors[name] for name in ("keep_a", "keep_b", "synergy")},
+            "causal_score": causal_score(k["keep_a"], k["keep_b"], k["synergy"]),
+            "causal_bound": causal_bound(k, errors, cfg.rank_z),
             "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg))}
 
 

@@ -88,6 +88,9 @@ class VerdictConfig(Config):
     suffice: float = option(0.7, "a side alone suffices when removing the other keeps at least this share", low=0.0)
     matter: float = option(0.2, "a side matters when removing it takes away at least this share", low=0.0, high=1.0)
     rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
+    rank_z: float = option(2.0, "standard errors by which each keep is raised and the synergy lowered in the causal "
+                                "bound that ranks candidates, so that the best are ANDs beyond their sample's luck "
+                                "(0: rank by the causal score itself)", low=0.0)
     prune: float = option(0.05, "a group member is necessary when its leaving the group changes the group's "
                                 "intervention result by at least this share of the output; the others are pruned "
                                 "before the group is tested, ranked and confirmed, when the pruned gate's result "
@@ -213,7 +216,7 @@ def rank(frame: pd.DataFrame, evidence: np.ndarray, tiebreak: list[str], cfg: Ve
     split = is_split(evidence, frame["gate_type"].to_numpy(dtype=object))
     order = np.empty(len(frame), dtype=np.int64)  # each row's place in the order of the tiebreak columns
     order[np.lexsort([frame[c].to_numpy() for c in reversed(tiebreak)])] = np.arange(len(frame))
-    ranks = circuit_ranks(frame["out_feature"].to_numpy(), frame["causal_score"].to_numpy(dtype=float),
+    ranks = circuit_ranks(frame["out_feature"].to_numpy(), frame["causal_bound"].to_numpy(dtype=float),
                           (frame["gate_type"].to_numpy(dtype=object) == "and")
                           & ~(frame["and_data"].to_numpy(dtype=float) < cfg.and_data), split, order)
     return frame.assign(split_pair=split, circuit_rank=pd.array(np.where(ranks > 0, ranks, None), dtype="Int64"))
