@@ -104,8 +104,8 @@ _ABLATED = (
 )
 _INTERVENTIONS = (
     col("iv_tokens", INT, "ranking tokens (never confirmation tokens) where both sides are on and the output is active "
-        "on which the candidate was tested by exact layer-local intervention (at most `--iv-tokens`; under `--min-cell`: "
-        "untested)"),
+        "on which the candidate was tested by exact layer-local intervention (at most `--iv-tokens`, or `--retest-tokens` "
+        "for the shortlist that was retested; under `--min-cell`: untested)"),
     col("act_none, act_a, act_b, act_ab, pre_none, pre_a, pre_b, pre_ab", FLOAT,
         "the output's mean activation and pre-activation there with nothing, side A, side B or both removed from the "
         "MLP input (`circuits.gates.interventions`)"),

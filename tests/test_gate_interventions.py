@@ -362,3 +362,48 @@ def test_a_candidates_token_sample_does_not_depend_on_the_candidates_sampled_wit
                           and (z[t, every.a[c][every.a[c] >= 0]] != 0).any() and (z[t, every.b[c][every.b[c] >= 0]] != 0).any()}
     assert all(set(found.token[found.cand == c].tolist()) <= eligible(c) for c in range(len(every)))
     assert not torch.equal(cache.sample(every, False, 10, seed=1).token, found.token)
+
+
+def test_the_shortlist_is_retested_on_more_tokens_and_ranked_again():
+    from pipelines.analysis.interventions import IV_COLUMNS, intervention_columns, ranking_entries, retested
+    from pipelines.analysis.verdicts import VerdictConfig, rank
+
+    mlp, W_dec, sae_out, randn = world(4, k=None, relu=False)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    T = 40
+    z = torch.where(torch.rand(T, N_IN, generator=torch.Generator().manual_seed(2), dtype=F64) < 0.6,
+                    1 + randn(T, N_IN).abs(), torch.zeros(T, N_IN, dtype=F64))
+    source = z @ W_dec + randn(T, D) / 4
+    cache = _cache(source, z, mlp.eps)
+    nothing = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=F64))
+    sae_out.b_enc -= layer.evaluate(source, torch.arange(T), None, *nothing)[0].min(0).values - 0.5  # f > 0 throughout
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    sides = Sides.of_pairs(torch.arange(8) % N_OUT, torch.arange(8), torch.arange(8) + 8)
+    cfg = VerdictConfig(iv_tokens=5, min_cell=2, shortlist=2, n_ablate=2, retest_tokens=T, seed=3)
+    screened = intervention_columns(layer, cache, sides, ranking_entries(cache, sides, cfg), cfg)
+    frame = screened.assign(out_feature=sides.out.numpy(), in_a=sides.a[:, 0].numpy(), in_b=sides.b[:, 0].numpy(),
+                            and_data=0.9)
+    calls = []
+
+    def ranked(f):
+        calls.append(1)
+        return rank(f, np.zeros(len(f), dtype=bool), ["in_a", "in_b"], cfg)
+
+    first = ranked(frame)
+    found = retested(layer, cache, first, sides, ranked, cfg)
+    full = intervention_columns(layer, cache, sides, cache.sample(sides, False, T, cfg.seed), cfg)
+    assert (screened["iv_tokens"] == 5).all() and (full["iv_tokens"] > 5).all()
+    retest = found["iv_tokens"].to_numpy() > 5
+    # the first shortlist, and in all at most a shortlist per round, each round ranking again
+    assert retest[np.argsort(first["circuit_rank"].to_numpy(dtype=float))[:2]].all()
+    assert retest.sum() <= 2 * (len(calls) - 1) and len(calls) - 1 <= 3
+    for column in IV_COLUMNS:  # the shortlist has its retest's columns, the others their screening's
+        want = np.where(retest, full[column].to_numpy(), screened[column].to_numpy())
+        if want.dtype == object:
+            assert found[column].tolist() == want.tolist(), column
+        else:  # the retest of a few candidates sums their tokens in another order than a test of all
+            np.testing.assert_allclose(found[column].to_numpy(dtype=float), want.astype(float), rtol=1e-9, err_msg=column)
+    assert found["circuit_rank"].tolist() == ranked(found)["circuit_rank"].tolist()
+    if len(calls) - 1 < 3:  # it stopped early: the best two are retested
+        assert retest[np.argsort(found["circuit_rank"].to_numpy(dtype=float))[:2]].all()
+    assert retested(layer, cache, first, sides, ranked, cfg.replace(shortlist=0)) is first

@@ -15,7 +15,7 @@ from circuits.weights import from_hooked_transformer
 from pipelines.analysis.ablation import confirm
 from pipelines.analysis.group_gates import group_tables
 from pipelines.analysis.interventions import (LayerCache, intervention_columns, pruned_groups, ranking_entries,
-                                              side_lists)
+                                              retested, side_lists)
 from pipelines.analysis.verdicts import (CIRCUIT_SIDES, InputFacts, VerdictConfig, pair_candidates,
                                          pair_split_evidence, rank, to_ablate, verdict_rows)
 from pipelines.data.tags import GateTag
@@ -46,7 +46,9 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     pairs = pd.concat([pairs, intervention_columns(local, cache, pair_sides, ranking_entries(cache, pair_sides, cfg),
                                                    cfg)], axis=1)
     same, evidence = pair_split_evidence(pairs, facts, cfg)
-    pairs = rank(pairs.assign(same_top_token=same), evidence, ["in_a", "in_b"], cfg).assign(**keys)
+    rank_pairs = lambda frame: rank(frame, evidence, ["in_a", "in_b"], cfg)  # noqa: E731
+    pairs = retested(local, cache, rank_pairs(pairs.assign(same_top_token=same)), pair_sides, rank_pairs, cfg)
+    pairs = pairs.assign(**keys)
 
     group_gates, group_truth = group_tables(
         mlp, sae_in, sae_out.W_enc.T, input_site=saes.input_site, layer=layer, eigen=circuits["eigen"],
@@ -59,7 +61,9 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         group_gates = pd.concat([group_gates.reset_index(drop=True),
                                  intervention_columns(local, cache, group_sides, entries, cfg)],
                                 axis=1).assign(**side_lists(group_sides))
-        group_gates = rank(group_gates, group_gates["split_pair"].to_numpy(dtype=bool), ["group_a", "group_b"], cfg)
+        evidence = group_gates["split_pair"].to_numpy(dtype=bool)  # the split rule's evidence (group_tables)
+        rank_groups = lambda frame: rank(frame, evidence, ["group_a", "group_b"], cfg)  # noqa: E731
+        group_gates = retested(local, cache, rank_groups(group_gates), group_sides, rank_groups, cfg)
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 
     first = verdict_rows(pairs, group_gates, None, None, facts, cfg, tags)

@@ -23,6 +23,10 @@ keeps what the whole groups kept within `prune` (a 45-input label class is a cla
 members that carry the gate are its sides, unless they carry it only together). The pruned
 sides are the ones tested, ranked and confirmed (`pipelines.analysis.interventions.pruned_groups`).
 
+Ranking. Every candidate is screened on `iv_tokens` ranking tokens and ranked by its causal
+bound; the `shortlist` best are tested again on up to `retest_tokens` and ranked again
+(`pipelines.analysis.interventions.retested`), so that the best are not merely the luckiest.
+
 Verdicts. The `n_ablate` best candidates of each kind per layer by `circuit_rank` (and the
 best of each kind that each of the corpus's gate tags marks) are ablated in the model on
 confirmation tokens the ranking never read (`pipelines.analysis.ablation`). A candidate
@@ -88,6 +92,11 @@ class VerdictConfig(Config):
     suffice: float = option(0.7, "a side alone suffices when removing the other keeps at least this share", low=0.0)
     matter: float = option(0.2, "a side matters when removing it takes away at least this share", low=0.0, high=1.0)
     rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
+    shortlist: int = option(32, "best candidates of each kind per layer by circuit_rank tested again on up to "
+                                "retest_tokens ranking tokens and ranked again, until the n_ablate best are all "
+                                "retested (0: no retest)", low=0)
+    retest_tokens: int = option(256, "ranking tokens per shortlisted candidate in its retest (its first in the same "
+                                     "seeded order, so the screening sample's among them)", low=1)
     rank_z: float = option(2.0, "standard errors by which each keep is raised and the synergy lowered in the causal "
                                 "bound that ranks candidates, so that the best are ANDs beyond their sample's luck "
                                 "(0: rank by the causal score itself)", low=0.0)
