@@ -76,13 +76,20 @@ class SAEWeights:
             pre = torch.zeros_like(pre).scatter_(-1, indices, values)
         return pre.relu() if self.relu else pre
 
-    def encode_at(self, pre: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
-        """`encode`'s value of latent `latent[i]` in row i `[N]`, from pre-activations `pre [N, d_sae]`:
-        with TopK, the latent is kept when fewer than k latents exceed it (a rank test, not a
-        selection of every latent; the two differ only on exact ties)."""
-        value = pre.gather(-1, latent[:, None])[:, 0]
+    def encode_at(self, pre: torch.Tensor, latent: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """`encode`'s value of latent `latent[i]` in row i `[N]`, from pre-activations `pre [N, d_sae]`
+        (or in row `rows[i]` of `pre [R, d_sae]`, rows that several entries share): with TopK,
+        the latent is kept when fewer than k latents exceed it, that is when it is at least
+        the row's k-th largest (a rank test, not a selection of every latent; the two differ
+        only on exact ties)."""
+        value = pre.gather(-1, latent[:, None])[:, 0] if rows is None else pre[rows, latent]
         if self.k is not None and self.k < self.d_sae:
-            value = torch.where((pre > value[:, None]).sum(-1, dtype=torch.int32) < self.k, value, torch.zeros_like(value))
+            if rows is not None and 8 * len(pre) <= len(rows):  # few rows, many readers: each row's k-th largest once
+                keep = value >= pre.topk(self.k, dim=-1).values[:, -1][rows]
+            else:  # a count per entry is cheaper than a top-k per row
+                full = pre if rows is None else pre.index_select(0, rows)
+                keep = (full > value[:, None]).sum(-1, dtype=torch.int32) < self.k
+            value = torch.where(keep, value, torch.zeros_like(value))
         return value.relu() if self.relu else value
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:

@@ -128,6 +128,19 @@ def test_encode_at_is_the_encoding_read_at_one_latent(k, relu):
     got = sae_out.encode_at(pre, latent)
     torch.testing.assert_close(got, want[torch.arange(50), latent])
     assert (got != 0).any() and ((got == 0).any() or k != 4)  # TopK of 4 leaves latents out
+    # entries reading shared rows: many entries per row (each row's k-th largest, once) and few
+    pre[1, :5] = pre[1, 5]  # ties at the k-th largest decide alike
+    want = (pre.topk(k, -1).values.min(-1).values[:, None] <= pre) * pre if k else pre
+    want = want.relu() if relu else want
+    for n_rows in (3, 50):
+        rows = torch.randint(0, n_rows, (200,), generator=torch.Generator().manual_seed(n_rows))
+        latent = torch.randint(0, N_OUT, (200,), generator=torch.Generator().manual_seed(1))
+        latent[:20] = pre[rows[:20]].argmax(-1)
+        latent[20:25] = 0  # a tied latent of row 1
+        rows[20:25] = 1
+        got = sae_out.encode_at(pre[:n_rows], latent, rows)
+        torch.testing.assert_close(got, want[rows, latent])
+        torch.testing.assert_close(got, sae_out.encode_at(pre[rows], latent))
 
 
 @pytest.mark.parametrize("base, width", [(7, 3), (7, 40)])
@@ -168,6 +181,28 @@ def test_intervention_table_equals_evaluate_entry_by_entry():
                         for m in members.values()], 1)  # [E, 4] in REMOVALS order
     second = torch.zeros(len(sides), 4, 4, dtype=F64).index_add_(0, entries.cand, acts[:, :, None] * acts[:, None, :])
     torch.testing.assert_close(table["act_second"], second / n[:, None, None])
+
+
+@pytest.mark.parametrize("site", ["resid_mid", "mlp_in"])
+def test_a_pairs_both_sides_removal_derived_from_the_single_ones_equals_its_evaluation(site):
+    # u(y - a - b) = u(y - a) + u(y - b) - u(y) + z_a z_b C_ab: every output's pre-activation,
+    # so f's activation after TopK is the one a full evaluation gives
+    mlp, W_dec, sae_out, randn = world(8)
+    layer = LayerIntervention(mlp, W_dec, sae_out, site)
+    z = torch.where(torch.rand(10, N_IN, generator=torch.Generator().manual_seed(4), dtype=F64) < 0.5,
+                    randn(10, N_IN).abs() * 2, torch.zeros(10, N_IN, dtype=F64))
+    source = z @ W_dec + randn(10, D) / 4
+    on = (z != 0).nonzero().tolist()
+    pairs = [(t, a, b) for t, a in on for u, b in on if t == u and a < b][:60]
+    sides = Sides.of_pairs(torch.tensor([(a * 7 + b) % N_OUT for _, a, b in pairs]), torch.tensor([p[1] for p in pairs]),
+                           torch.tensor([p[2] for p in pairs]))
+    entries = Entries(cand=torch.arange(len(pairs)), token=torch.tensor([p[0] for p in pairs]))
+    table = intervention_table(layer, source, z, sides, entries, chunk=16)
+    both = torch.cat([sides.a, sides.b], 1)
+    pre, act = layer.evaluate(source, entries.token, sides.out, *side_removal(latent_lookup(z)(entries.token, both), both))
+    torch.testing.assert_close(table["pre_ab"], pre, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(table["act_ab"], act, rtol=1e-9, atol=1e-9)
+    assert (act == 0).any() and (act != 0).any()  # TopK keeps some outputs and drops others
 
 
 def test_member_effects_find_the_members_that_matter():

@@ -19,6 +19,14 @@ Because the layer is bilinear in x, `x' W_gate = rho' (y W_gate - sum_m z_m P_m)
 product with W_gate; only `W_out` and the output SAE's encoder are applied per
 intervention, with the biases after the product folded into one vector of pre-activations.
 
+For a pair the removal of both sides is not evaluated but derived, exactly: before the norm's
+factor and the biases, `u(y) = ((y W_gate) * (y W_in)) W_out W_enc` is a quadratic form in
+`y`, so with `a = z_a g d_a`, `b = z_b g d_b`,
+`u(y - a - b) = u(y - a) + u(y - b) - u(y) + z_a z_b C_ab`,
+`C_ab = ((g d_a W_gate) * (g d_b W_in) + (g d_b W_gate) * (g d_a W_in)) W_out W_enc` once per
+pair; every output's pre-activation follows with the norm's factor of `r - z_a d_a - z_b d_b`,
+so the TopK selection is the one a full evaluation makes (a test checks it).
+
 Per candidate four means over its tokens make its *intervention truth table*: `f` with both
 sides present (t11), `f_a` with A removed (t01: only B left), `f_b` with B removed (t10), and
 `f_ab` with both removed (t00); `circuits.gates.types` reads gates off it.
@@ -81,6 +89,7 @@ class LayerIntervention:
         self.taken = torch.cat(taken + ([W_dec] if site == RESID_MID else []), 1)  # [n_in, 2 d_mlp (+ d)]
         # the biases after the product, through W_out and the encoder: pre = ((h W_out) * rho^2) W_enc + bias
         self.bias = sae_out.pre(mlp.b_in @ mlp.W_out + mlp.b_out)  # [n_out]
+        self._buffers = ()  # both_of_pairs' work space, grown as needed
 
     def project(self, source: torch.Tensor) -> torch.Tensor:
         """`[U, 2 d_mlp (+ d)]`: `y W_gate`, `y W_in` (`y = g * source`, before the norm's
@@ -89,12 +98,20 @@ class LayerIntervention:
         y = source * self.gain
         return torch.cat([y @ self.mlp.W_gate, y @ self.mlp.W_in] + ([source] if self.site == RESID_MID else []), 1)
 
+    def factor(self, r: torch.Tensor) -> torch.Tensor:
+        """`[N]`: the norm's factor squared, `1 / (mean(r^2) + eps)`, of residual rows `r [N, d]`
+        (1 on mlp_in, where there is no norm to recompute)."""
+        if self.site != RESID_MID:
+            return r.new_ones(len(r))
+        return (r.square().mean(-1) + self.mlp.eps).reciprocal()
+
     @torch.no_grad()
     def evaluate(self, source: torch.Tensor, token: torch.Tensor, out: torch.Tensor | None, entry: torch.Tensor,
-                 member: torch.Tensor, coef: torch.Tensor, projected: torch.Tensor | None = None
+                 member: torch.Tensor, coef: torch.Tensor, projected: torch.Tensor | None = None, factor: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """f's pre-activation and activation `[N]` each after removals (every output's
-        pre-activation, `[N, n_out]`, and None when `out` is None).
+        pre-activation, `[N, n_out]`, and None when `out` is None; with `factor`, the norm's
+        factor squared `[N]` in place of None).
 
         `source [U, d]`: the input SAE's site at U tokens; `token [N]`, `out [N]`: the token
         and output of each evaluation; `entry, member, coef [K]`: evaluation `entry[k]` loses
@@ -108,31 +125,67 @@ class LayerIntervention:
         taken = coef[:, None].to(self.taken.dtype) * self.taken.index_select(0, member)
         kept = projected.index_select(0, token).index_add_(0, entry, taken, alpha=-1)
         d_mlp = self.mlp.W_gate.shape[1]
-        product = (kept[:, :d_mlp] * kept[:, d_mlp : 2 * d_mlp]) @ self.mlp.W_out  # [N, d] before the norm's factor
-        if self.site == RESID_MID:
-            product = product * (kept[:, 2 * d_mlp :].square().mean(-1) + self.mlp.eps).reciprocal()[:, None]
+        scale = self.factor(kept[:, 2 * d_mlp :])
+        product = (kept[:, :d_mlp] * kept[:, d_mlp : 2 * d_mlp]) @ self.mlp.W_out * scale[:, None]
         pre = torch.addmm(self.bias, product, self.sae_out.W_enc)
         if out is None:
-            return pre, None
+            return pre, (scale if factor else None)
         return pre[torch.arange(N, device=out.device), out], self.sae_out.encode_at(pre, out)
 
+    @torch.no_grad()
+    def pair_cross(self, a: torch.Tensor, b: torch.Tensor, block: int = 4096) -> torch.Tensor:
+        """`C_ab [P, n_out]` of input latent pairs `a, b [P]` (module docstring): what removing
+        both latents of a pair adds to the two single removals, per unit of each latent."""
+        d_mlp = self.mlp.W_gate.shape[1]
+        found = []
+        for start in range(0, len(a), block):
+            ta, tb = self.taken[a[start : start + block]], self.taken[b[start : start + block]]
+            cross = ta[:, :d_mlp] * tb[:, d_mlp : 2 * d_mlp] + tb[:, :d_mlp] * ta[:, d_mlp : 2 * d_mlp]
+            found.append(cross @ self.mlp.W_out @ self.sae_out.W_enc)
+        return torch.cat(found) if found else self.taken.new_zeros(0, self.sae_out.W_enc.shape[1])
+
     def evaluate_shared(self, source: torch.Tensor, coef: torch.Tensor, token: torch.Tensor, out: torch.Tensor,
-                        members: torch.Tensor, projected: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        members: torch.Tensor, projected: torch.Tensor | None = None, full: bool = False
+                        ) -> tuple[torch.Tensor, ...]:
         """`evaluate` of each row removing its `members [N, M]` (-1 padding) at its token, whose
         latents there are `coef [N, M]` (`latent_lookup`); rows that remove the same active
         latents at the same token (candidates of other outputs, or sharing a side) are computed
-        once, for every output, and read at their own."""
+        once, for every output, and read at their own. With `full`, also what was computed:
+        every output's pre-activation `[R, n_out]` and the norm's factor squared `[R]` of the R
+        distinct rows, and each row's place among them `[N]`."""
         active = torch.where(coef != 0, members, torch.full_like(members, -1)).sort(1)
         coef = coef.gather(1, active.indices)
         active = active.values
         inverse = _unique_rows(torch.cat([token[:, None], active + 1], 1), int(active.max()) + 2 if active.numel() else 2)
-        first = torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long,
-                            device=token.device).scatter_(0, inverse, torch.arange(len(token), device=token.device))
-        pre = self.evaluate(source, token[first], None, *side_removal(coef[first], active[first]),
-                            projected=projected)[0]
-        pre = pre.index_select(0, inverse)
-        return pre[torch.arange(len(out), device=out.device), out], self.sae_out.encode_at(pre, out)
+        first = _first_of(inverse)
+        pre, scale = self.evaluate(source, token[first], None, *side_removal(coef[first], active[first]),
+                                   projected=projected, factor=full)
+        found = (pre[inverse, out], self.sae_out.encode_at(pre, out, inverse))
+        return found + (pre, scale, inverse) if full else found
+
+    def both_of_pairs(self, projected: torch.Tensor, a: torch.Tensor, b: torch.Tensor, coef_a: torch.Tensor,
+                      coef_b: torch.Tensor, cross: torch.Tensor,
+                      single: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Every output's pre-activation `[N, n_out]` with both latents `a, b [N]` of a pair
+        removed, derived from the clean and the single removals (module docstring).
+        `projected [N, 2 d_mlp (+ d)]`: `project` at each row's token; `coef_a, coef_b [N]`: the
+        latents there; `cross [N, n_out]`: the pair's `pair_cross`; `single`: for "none", "a"
+        and "b", what `evaluate_shared(..., full=True)` computed (every output's pre-activation
+        and the norm's factor squared of its distinct rows) and each row's place among them."""
+        u = {r: ((pre - self.bias) / scale[:, None], place) for r, (pre, scale, place) in single.items()}
+        # in place on [N, n_out], in buffers kept between calls: these passes over memory, not
+        # the arithmetic, are the cost, and a fresh buffer this large is faulted in page by page
+        if not self._buffers or self._buffers[0].shape[0] < len(cross):
+            self._buffers = (torch.empty_like(cross), torch.empty_like(cross))
+        both, part = (buffer[: len(cross)] for buffer in self._buffers)
+        torch.index_select(u["a"][0], 0, u["a"][1], out=both)
+        both += torch.index_select(u["b"][0], 0, u["b"][1], out=part)
+        both -= torch.index_select(u["none"][0], 0, u["none"][1], out=part)
+        both.addcmul_(cross, (coef_a * coef_b)[:, None])
+        r = 2 * self.mlp.W_gate.shape[1]  # where the residual's columns start (resid_mid only)
+        residual = (projected[:, r:] - coef_a[:, None] * self.taken.index_select(0, a)[:, r:]
+                    - coef_b[:, None] * self.taken.index_select(0, b)[:, r:])
+        return both.mul_(self.factor(residual)[:, None]).add_(self.bias)
 
 
 @dataclass
@@ -223,6 +276,8 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
             for r in REMOVALS}
     second = torch.zeros(C, len(REMOVALS) ** 2, dtype=torch.float64, device=device)
     latents = latent_lookup(z)
+    pairs = sides.a.shape[1] == sides.b.shape[1] == 1  # both sides' removal derived, not evaluated
+    cross = layer.pair_cross(sides.a[:, 0], sides.b[:, 0]) if pairs else None
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
         out = sides.out[cand]
@@ -234,9 +289,18 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
         unique, token_of = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
         mine = source[unique]
         projected = layer.project(mine)
-        acts = []
+        acts, single = [], {}
         for r, (members, coef) in removals.items():
-            pre, act = layer.evaluate_shared(mine, coef, token_of, out, members, projected)
+            if r == "ab" and pairs:  # derived once per distinct (token, a, b), read at each entry's output
+                place = _unique_rows(torch.cat([token_of[:, None], a, b], 1), int(max(a.max(), b.max())) + 1)
+                first = _first_of(place)
+                pre = layer.both_of_pairs(projected.index_select(0, token_of[first]), a[first, 0], b[first, 0],
+                                          coef_a[first, 0], coef_b[first, 0], cross.index_select(0, cand[first]),
+                                          {k: (v[0], v[1], v[2][first]) for k, v in single.items()})
+                pre, act = pre[place, out], layer.sae_out.encode_at(pre, out, place)
+            else:
+                pre, act, *full = layer.evaluate_shared(mine, coef, token_of, out, members, projected, full=pairs)
+                single[r] = tuple(full)
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
             acts.append(act.double())
@@ -276,6 +340,12 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
             kept = layer.evaluate(rows, token[e], out[e], *side_removal(coef[e], mine[e], k), projected)[1]
             change.index_add_(0, cand[e] * M + k, (kept - removed[e]).double())
     return change.view(C, M) / base.clamp_min(1e-30)[:, None]
+
+
+def _first_of(inverse: torch.Tensor) -> torch.Tensor:
+    """`[R]`: a row holding each of the R distinct rows that `inverse [N]` (`_unique_rows`) names."""
+    return torch.zeros(int(inverse.max()) + 1 if len(inverse) else 0, dtype=torch.long,
+                       device=inverse.device).scatter_(0, inverse, torch.arange(len(inverse), device=inverse.device))
 
 
 def _unique_rows(rows: torch.Tensor, base: int) -> torch.Tensor:
