@@ -205,6 +205,25 @@ def test_a_pairs_both_sides_removal_derived_from_the_single_ones_equals_its_eval
     assert (act == 0).any() and (act != 0).any()  # TopK keeps some outputs and drops others
 
 
+def test_a_pair_carrying_most_of_the_residual_is_evaluated_whole_in_float32():
+    # the derived removal's terms cancel and the new norm's factor magnifies their rounding:
+    # such rows are evaluated whole, so float32 gives what a full evaluation gives
+    mlp, W_dec, sae_out, randn = world(8)
+    mlp, W_dec, sae_out = mlp.to(torch.float32), W_dec.float(), sae_out.to(torch.float32)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    z = torch.zeros(40, N_IN)
+    z[:, 0], z[:, 1] = 3.0, 2.0
+    z[:, 2:6] = randn(40, 4).abs().float() * 0.01
+    source = z @ W_dec + randn(40, D).float() * 0.003
+    sides = Sides.of_pairs(torch.arange(40) % N_OUT, torch.zeros(40), torch.ones(40))
+    entries = Entries(cand=torch.arange(40), token=torch.arange(40))
+    table = intervention_table(layer, source, z, sides, entries)
+    both = torch.cat([sides.a, sides.b], 1)
+    pre, act = layer.evaluate(source, entries.token, sides.out, *side_removal(latent_lookup(z)(entries.token, both), both))
+    torch.testing.assert_close(table["pre_ab"], pre.double(), rtol=1e-4, atol=1e-3)
+    assert torch.equal(table["act_ab"] != 0, act != 0)
+
+
 def test_member_effects_find_the_members_that_matter():
     mlp, W_dec, sae_out, randn = world(3, k=None)
     W_dec[5] = 0  # a member whose removal removes nothing
@@ -290,6 +309,10 @@ def test_the_causal_bound_prefers_a_sure_and_to_a_lucky_one():
     assert score[0] > score[1] and bound[1] > bound[0]
     np.testing.assert_allclose(causal_bound(k, errors, 0.0), score)
     np.testing.assert_allclose(bound[1], causal_score(0.39, 0.39, k["synergy"][1] - 0.06))
+    # a candidate without an error (one token) is bounded only when z asks for it
+    unknown = {name: np.array([np.nan, 0.02]) for name in errors}
+    assert np.isnan(causal_bound(k, unknown, 2.0)[0])
+    np.testing.assert_allclose(causal_bound(k, unknown, 0.0), score)
 
 
 def test_circuit_ranks_put_each_outputs_best_unsplit_candidate_first_and_outscoring_splits_last():

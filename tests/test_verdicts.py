@@ -282,3 +282,9 @@ def test_prune_is_a_share_of_the_output_and_refuses_more_than_all_of_it():
     with pytest.raises(ValueError, match="prune must be at most 1.0"):
         VerdictConfig(prune=1.5)
     assert VerdictConfig(prune=1.0).prune == 1.0
+
+
+def test_a_retest_must_read_more_tokens_than_the_screening():
+    with pytest.raises(ValueError, match="retest_tokens .* must exceed iv_tokens"):
+        VerdictConfig(iv_tokens=64, retest_tokens=64)
+    assert VerdictConfig(iv_tokens=64, retest_tokens=64, shortlist=0).shortlist == 0

@@ -25,7 +25,9 @@ factor and the biases, `u(y) = ((y W_gate) * (y W_in)) W_out W_enc` is a quadrat
 `u(y - a - b) = u(y - a) + u(y - b) - u(y) + z_a z_b C_ab`,
 `C_ab = ((g d_a W_gate) * (g d_b W_in) + (g d_b W_gate) * (g d_a W_in)) W_out W_enc` once per
 pair; every output's pre-activation follows with the norm's factor of `r - z_a d_a - z_b d_b`,
-so the TopK selection is the one a full evaluation makes (a test checks it).
+so the TopK selection is the one a full evaluation makes (a test checks it). The three terms
+cancel where the pair carries most of the residual, and the new norm's factor then magnifies
+their rounding: rows whose factor grows more than `EXACT_GROWTH`-fold are evaluated whole.
 
 Per candidate four means over its tokens make its *intervention truth table*: `f` with both
 sides present (t11), `f_a` with A removed (t01: only B left), `f_b` with B removed (t10), and
@@ -43,6 +45,9 @@ from circuits.sites import RESID_MID, check_input_site, input_gain
 from circuits.weights import MLPWeights, SAEWeights
 
 REMOVALS = ("none", "a", "b", "ab")  # what leaves the MLP input: nothing, side A, side B, both
+# a pair's both-sides removal is derived while the norm's factor grows at most this much with it
+# (its rounding grows as the factor does: 16 keeps it near a whole evaluation's in float32)
+EXACT_GROWTH = 16.0
 
 
 @dataclass
@@ -172,6 +177,7 @@ class LayerIntervention:
         latents there; `cross [N, n_out]`: the pair's `pair_cross`; `single`: for "none", "a"
         and "b", what `evaluate_shared(..., full=True)` computed (every output's pre-activation
         and the norm's factor squared of its distinct rows) and each row's place among them."""
+        coef_a, coef_b = coef_a.to(cross.dtype), coef_b.to(cross.dtype)
         u = {r: ((pre - self.bias) / scale[:, None], place) for r, (pre, scale, place) in single.items()}
         # in place on [N, n_out], in buffers kept between calls: these passes over memory, not
         # the arithmetic, are the cost, and a fresh buffer this large is faulted in page by page
@@ -185,7 +191,17 @@ class LayerIntervention:
         r = 2 * self.mlp.W_gate.shape[1]  # where the residual's columns start (resid_mid only)
         residual = (projected[:, r:] - coef_a[:, None] * self.taken.index_select(0, a)[:, r:]
                     - coef_b[:, None] * self.taken.index_select(0, b)[:, r:])
-        return both.mul_(self.factor(residual)[:, None]).add_(self.bias)
+        factor = self.factor(residual)
+        pre = both.mul_(factor[:, None]).add_(self.bias)
+        # the three terms are as large as the residual and cancel: where the pair carries most of
+        # it, the new norm's factor magnifies their rounding, so those rows are evaluated whole
+        clean = single["none"][1].index_select(0, single["none"][2])
+        whole = (factor > EXACT_GROWTH * clean).nonzero()[:, 0]
+        if len(whole):
+            removed = torch.arange(len(whole), device=whole.device).repeat(2)
+            pre[whole] = self.evaluate(None, whole, None, removed, torch.cat([a[whole], b[whole]]),
+                                       torch.cat([coef_a[whole], coef_b[whole]]), projected=projected)[0]
+        return pre
 
 
 @dataclass

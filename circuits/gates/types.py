@@ -133,7 +133,10 @@ def keep_errors(n, mean, second) -> dict[str, np.ndarray]:
 
 def causal_bound(keep: dict, errors: dict, z: float) -> np.ndarray:
     """The causal score with `keep_a`, `keep_b` raised and `synergy` lowered by `z` of their
-    standard errors (`keep_errors`; module docstring): `[n]`, NaN where untested."""
+    standard errors (`keep_errors`; module docstring): `[n]`, NaN where untested, and where
+    a candidate has no error (one token) unless `z` is 0."""
+    if z == 0:
+        return causal_score(keep["keep_a"], keep["keep_b"], keep["synergy"])
     return causal_score(np.asarray(keep["keep_a"]) + z * np.asarray(errors["keep_a"]),
                         np.asarray(keep["keep_b"]) + z * np.asarray(errors["keep_b"]),
                         np.asarray(keep["synergy"]) - z * np.asarray(errors["synergy"]))

@@ -190,7 +190,7 @@ def retested(layer: LayerIntervention, cache: LayerCache, frame: pd.DataFrame, s
     the screening tokens are a quarter of a full retest: the estimate that ranked them weighs
     less, and the error shrinks by half), their intervention columns replaced, and all ranked
     again; until the `n_ablate` best are all retested, at most `rounds` times. A candidate
-    with no more tokens than it was screened on keeps its result."""
+    with no more tokens than it was screened on gets the same result again."""
     done = np.zeros(len(frame), dtype=bool)
     for _ in range(rounds if cfg.shortlist else 0):
         ranks = frame["circuit_rank"].to_numpy(dtype=float, na_value=np.nan)

@@ -45,8 +45,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
                                                                                             "in_b")))
     pairs = pd.concat([pairs, intervention_columns(local, cache, pair_sides, ranking_entries(cache, pair_sides, cfg),
                                                    cfg)], axis=1)
-    same, evidence = pair_split_evidence(pairs, facts, cfg)
-    rank_pairs = lambda frame: rank(frame, evidence, ["in_a", "in_b"], cfg)  # noqa: E731
+    same, pair_evidence = pair_split_evidence(pairs, facts, cfg)
+    rank_pairs = lambda frame: rank(frame, pair_evidence, ["in_a", "in_b"], cfg)  # noqa: E731
     pairs = retested(local, cache, rank_pairs(pairs.assign(same_top_token=same)), pair_sides, rank_pairs, cfg)
     pairs = pairs.assign(**keys)
 
@@ -61,8 +61,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         group_gates = pd.concat([group_gates.reset_index(drop=True),
                                  intervention_columns(local, cache, group_sides, entries, cfg)],
                                 axis=1).assign(**side_lists(group_sides))
-        evidence = group_gates["split_pair"].to_numpy(dtype=bool)  # the split rule's evidence (group_tables)
-        rank_groups = lambda frame: rank(frame, evidence, ["group_a", "group_b"], cfg)  # noqa: E731
+        group_evidence = group_gates["split_pair"].to_numpy(dtype=bool)  # the split rule's evidence (group_tables)
+        rank_groups = lambda frame: rank(frame, group_evidence, ["group_a", "group_b"], cfg)  # noqa: E731
         group_gates = retested(local, cache, rank_groups(group_gates), group_sides, rank_groups, cfg)
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 

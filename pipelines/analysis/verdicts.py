@@ -94,7 +94,7 @@ class VerdictConfig(Config):
     rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
     shortlist: int = option(32, "best candidates of each kind per layer by circuit_rank tested again on up to "
                                 "retest_tokens ranking tokens and ranked again, until the n_ablate best are all "
-                                "retested (0: no retest)", low=0)
+                                "retested (at most 3 rounds; 0: no retest)", low=0)
     retest_tokens: int = option(256, "ranking tokens per shortlisted candidate in its retest (its first in the same "
                                      "seeded order, so the screening sample's among them)", low=1)
     rank_z: float = option(2.0, "standard errors by which each keep is raised and the synergy lowered in the causal "
@@ -116,6 +116,9 @@ class VerdictConfig(Config):
         unknown = [g for g in self.groups if g not in SOURCES]
         if unknown:
             raise ValueError(f"VerdictConfig.groups: unknown {unknown[0]!r}; choose from {', '.join(SOURCES)}")
+        if self.shortlist and self.retest_tokens <= self.iv_tokens:
+            raise ValueError(f"VerdictConfig.retest_tokens ({self.retest_tokens}) must exceed iv_tokens "
+                             f"({self.iv_tokens}): a retest reads more tokens than the screening (or set shortlist 0)")
 
 
 # ------------------------------------------------------------------ features of inputs

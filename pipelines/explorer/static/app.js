@@ -290,7 +290,7 @@
     html += `<p class="note">Each layer's best ${RANKED_SHOWN} circuit candidates of each kind by circuit rank: an output
       feature of the output SAE and the two sides that build it (input features of the SAE on <b>${esc(state.site)}</b>).
       <b>type</b>: what removing each side from the MLP input does to the output (exact interventions; the rule is in
-      <code>circuits.gates.types</code>); <b>causal</b>: the causal score the ranking orders by (<code>circuits.gates.ranking</code>);
+      <code>circuits.gates.types</code>); <b>causal</b>: the causal score, which the ranking orders by less its sampling error (<code>circuits.gates.ranking</code>);
       <b>share</b>: the cross terms' share of the output's activation on held-out tokens; <b>both on</b>: how often both
       sides are active where the output is; <b>and_data</b>: the truth table's AND measure (correlational).</p>`;
     const layers = col(base, "layer"), feats = col(base, "feature"), desc = col(base, "description") || [];
@@ -841,7 +841,7 @@
                                 "verdicts not run for this layer");
     else {
       html += `<p class="note">Each output feature's circuit candidate pair and its best group gate, ranked within the layer by
-        what exact interventions show (<code>circuits.gates.ranking</code>: gate type and causal score, split ones last); verdicts
+        what exact interventions show (<code>circuits.gates.ranking</code>: gate type and causal score less its sampling error, split ones last); verdicts
         from the model-run ablation of the best ones, on tokens the ranking never read.</p>`;
       for (const [kind, title] of [["pair", "Input pairs"], ["group", "Group gates"]]) {
         const ranked = rowsOf(v, "kind", kind).map((i) => rec(v, i)).sort((a, b) => a.circuit_rank - b.circuit_rank);
