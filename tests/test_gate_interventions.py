@@ -205,6 +205,25 @@ def test_a_pairs_both_sides_removal_derived_from_the_single_ones_equals_its_eval
     assert (act == 0).any() and (act != 0).any()  # TopK keeps some outputs and drops others
 
 
+def test_one_member_sides_with_an_empty_side_are_evaluated_not_derived():
+    # a group side with no member is padding (-1), not a latent: nothing of it leaves
+    mlp, W_dec, sae_out, randn = world(9)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    z = randn(6, N_IN).abs() * (torch.rand(6, N_IN, generator=torch.Generator().manual_seed(3), dtype=F64) < 0.6)
+    z[:, [1, 2, N_IN - 1]] = 1.5  # N_IN - 1: the latent that padding would read as -1
+    source = z @ W_dec + randn(6, D) / 4
+    sides = Sides.of_groups([3, 5, 7], [[1], [2], [1]], [[2], [], [N_IN - 1]])
+    entries = Entries(cand=torch.arange(3).repeat(6), token=torch.arange(6).repeat_interleave(3))
+    table = intervention_table(layer, source, z, sides, entries)
+    both = torch.cat([sides.a, sides.b], 1)[entries.cand]
+    pre, act = layer.evaluate(source, entries.token, sides.out[entries.cand],
+                              *side_removal(latent_lookup(z)(entries.token, both), both))
+    mean = lambda values: torch.zeros(3, dtype=F64).index_add_(0, entries.cand, values) / 6  # noqa: E731
+    torch.testing.assert_close(table["pre_ab"], mean(pre))
+    torch.testing.assert_close(table["act_ab"], mean(act))
+    torch.testing.assert_close(table["pre_ab"][1], table["pre_a"][1])  # removing both is removing a
+
+
 def test_a_pair_carrying_most_of_the_residual_is_evaluated_whole_in_float32():
     # the derived removal's terms cancel and the new norm's factor magnifies their rounding:
     # such rows are evaluated whole, so float32 gives what a full evaluation gives

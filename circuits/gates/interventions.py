@@ -62,6 +62,10 @@ class Sides:
     def __len__(self) -> int:
         return len(self.out)
 
+    def subset(self, at: torch.Tensor) -> "Sides":
+        """Candidates `at` (indices) of these, in that order."""
+        return Sides(self.out[at], self.a[at], self.b[at])
+
     @classmethod
     def of_pairs(cls, out: torch.Tensor, in_a: torch.Tensor, in_b: torch.Tensor) -> "Sides":
         return cls(out.long(), in_a.long()[:, None], in_b.long()[:, None])
@@ -168,13 +172,13 @@ class LayerIntervention:
         found = (pre[inverse, out], self.sae_out.encode_at(pre, out, inverse))
         return found + (pre, scale, inverse) if full else found
 
-    def both_of_pairs(self, projected: torch.Tensor, a: torch.Tensor, b: torch.Tensor, coef_a: torch.Tensor,
-                      coef_b: torch.Tensor, cross: torch.Tensor,
+    def both_of_pairs(self, projected: torch.Tensor, token: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      coef_a: torch.Tensor, coef_b: torch.Tensor, cross: torch.Tensor,
                       single: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Every output's pre-activation `[N, n_out]` with both latents `a, b [N]` of a pair
         removed, derived from the clean and the single removals (module docstring).
-        `projected [N, 2 d_mlp (+ d)]`: `project` at each row's token; `coef_a, coef_b [N]`: the
-        latents there; `cross [N, n_out]`: the pair's `pair_cross`; `single`: for "none", "a"
+        `projected [U, 2 d_mlp (+ d)]`: `project` of U tokens, `token [N]` each row's among them;
+        `coef_a, coef_b [N]`: the latents there; `cross [N, n_out]`: the pair's `pair_cross`; `single`: for "none", "a"
         and "b", what `evaluate_shared(..., full=True)` computed (every output's pre-activation
         and the norm's factor squared of its distinct rows) and each row's place among them."""
         coef_a, coef_b = coef_a.to(cross.dtype), coef_b.to(cross.dtype)
@@ -189,8 +193,8 @@ class LayerIntervention:
         both -= torch.index_select(u["none"][0], 0, u["none"][1], out=part)
         both.addcmul_(cross, (coef_a * coef_b)[:, None])
         r = 2 * self.mlp.W_gate.shape[1]  # where the residual's columns start (resid_mid only)
-        residual = (projected[:, r:] - coef_a[:, None] * self.taken.index_select(0, a)[:, r:]
-                    - coef_b[:, None] * self.taken.index_select(0, b)[:, r:])
+        residual = (projected[token, r:] - coef_a[:, None] * self.taken[a, r:]
+                    - coef_b[:, None] * self.taken[b, r:])
         factor = self.factor(residual)
         pre = both.mul_(factor[:, None]).add_(self.bias)
         # the three terms are as large as the residual and cancel: where the pair carries most of
@@ -199,7 +203,7 @@ class LayerIntervention:
         whole = (factor > EXACT_GROWTH * clean).nonzero()[:, 0]
         if len(whole):
             removed = torch.arange(len(whole), device=whole.device).repeat(2)
-            pre[whole] = self.evaluate(None, whole, None, removed, torch.cat([a[whole], b[whole]]),
+            pre[whole] = self.evaluate(None, token[whole], None, removed, torch.cat([a[whole], b[whole]]),
                                        torch.cat([coef_a[whole], coef_b[whole]]), projected=projected)[0]
         return pre
 
@@ -292,7 +296,8 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
             for r in REMOVALS}
     second = torch.zeros(C, len(REMOVALS) ** 2, dtype=torch.float64, device=device)
     latents = latent_lookup(z)
-    pairs = sides.a.shape[1] == sides.b.shape[1] == 1  # both sides' removal derived, not evaluated
+    # pairs (one latent a side, no padding): both sides' removal derived, not evaluated
+    pairs = sides.a.shape[1] == sides.b.shape[1] == 1 and bool((sides.a >= 0).all() and (sides.b >= 0).all())
     cross = layer.pair_cross(sides.a[:, 0], sides.b[:, 0]) if pairs else None
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
@@ -310,8 +315,8 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
             if r == "ab" and pairs:  # derived once per distinct (token, a, b), read at each entry's output
                 place = _unique_rows(torch.cat([token_of[:, None], a, b], 1), int(max(a.max(), b.max())) + 1)
                 first = _first_of(place)
-                pre = layer.both_of_pairs(projected.index_select(0, token_of[first]), a[first, 0], b[first, 0],
-                                          coef_a[first, 0], coef_b[first, 0], cross.index_select(0, cand[first]),
+                pre = layer.both_of_pairs(projected, token_of[first], a[first, 0], b[first, 0], coef_a[first, 0],
+                                          coef_b[first, 0], cross.index_select(0, cand[first]),
                                           {k: (v[0], v[1], v[2][first]) for k, v in single.items()})
                 pre, act = pre[place, out], layer.sae_out.encode_at(pre, out, place)
             else:

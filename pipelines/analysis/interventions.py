@@ -200,7 +200,7 @@ def retested(layer: LayerIntervention, cache: LayerCache, frame: pd.DataFrame, s
             break
         pick = np.array([i for i in order if not done[i]][: cfg.shortlist], dtype=np.int64)
         at = torch.from_numpy(pick)
-        mine = Sides(sides.out[at], sides.a[at], sides.b[at])
+        mine = sides.subset(at)
         found = intervention_columns(layer, cache, mine, cache.sample(mine, False, cfg.retest_tokens, cfg.seed), cfg)
         frame = frame.copy()
         for column in IV_COLUMNS:
@@ -280,7 +280,7 @@ def _subset(sides: Sides, entries: Entries, index: list[int]) -> tuple[Sides, En
     at = torch.tensor(index, dtype=torch.long)
     position = _positions(at, len(sides))
     keep = position[entries.cand] >= 0
-    return Sides(sides.out[at], sides.a[at], sides.b[at]), Entries(position[entries.cand[keep]], entries.token[keep])
+    return sides.subset(at), Entries(position[entries.cand[keep]], entries.token[keep])
 
 
 def _positions(index: torch.Tensor, n: int) -> torch.Tensor:
