@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tokenizers import Tokenizer
-from transformer_lens import HookedTransformer
 
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
@@ -28,6 +28,9 @@ from pipelines.lm.model import ModelConfig, load_config, load_model, model_diges
 from sae.activations import iter_activations
 from sae.io import LoadedSAE, check_sae_point, load_sae
 from circuits.sites import INPUT_SITES, MLP_IN, OUTPUT_SITE, SITES, Point
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 SAEPaths = tuple[Path, Path | None]  # explicit (input, output) SAE folders of one layer
 

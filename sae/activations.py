@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from transformer_lens import HookedTransformer
 
 from circuits.sites import MLP_IN, Point, check_points, hook_name
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 
 def autocast(kind: str, device: str):

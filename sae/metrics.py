@@ -4,14 +4,17 @@ when its reconstruction replaces the activation inside the model."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformer_lens import HookedTransformer
 
 from circuits.weights import SAEWeights
 from sae.activations import check_tokens
 from circuits.sites import MLP_IN, SITES, hook_name
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from transformer_lens import HookedTransformer
 
 from sae.activations import autocast, iter_activations
 from circuits.sites import Point
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 
 class Rows(Protocol):

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
 from circuits.weights import SAEWeights
 from sae.config import SAETrainConfig
 from circuits.sites import SITES, Point, point_name
 from sae.stream import ActivationStream, Rows, StreamPosition
 from sae.topk import TopKSAE, TopKTrainer
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 
 def build_trainers(points: list[Point], d_in: int, cfg: SAETrainConfig, device: str) -> dict[Point, TopKTrainer]:

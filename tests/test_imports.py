@@ -82,6 +82,19 @@ assert "ray" not in sys.modules, "loaded ray running a command"
     _python(code)
 
 
+def test_the_parser_loads_neither_transformer_lens_nor_sae_lens():
+    # together they take 8-10 s to import: `--help`, and a flag refused, answer in the time of torch's import
+    code = """import sys
+from pipelines import cli
+parser = cli.build_parser()
+for command in parser._subparsers._group_actions[0].choices:
+    parser.parse_args([command, "source", "--out", "x"] if command == "convert" else [command])
+heavy = sorted(m for m in ("transformer_lens", "sae_lens", "transformers") if m in sys.modules)
+assert not heavy, f"building the parser loaded {heavy}"
+"""
+    _python(code)
+
+
 def _banned(name: str) -> bool:
     return any(name == b or name.startswith(b + ".") for b in NOT_IN_CIRCUITS)
 

@@ -17,13 +17,13 @@ the effects over the vocabulary; only for classes of at least `min_lexicon_token
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
 from tokenizers import Tokenizer
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
 from circuits.config import Config, option, seed_option
 from circuits.spectra import group_positions
@@ -34,6 +34,9 @@ from pipelines.data.tokenizer import WORD_START, display_token, special_ids
 from pipelines.data.tokens import TokenRows
 from sae.activations import iter_activations
 from circuits.sites import OUTPUT_SITE, Point
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 @dataclass(frozen=True)
 class FeatureConfig(Config):

@@ -10,11 +10,15 @@ of its context, so getting it right needs the negation AND the context.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformer_lens import HookedTransformer
 
 from pipelines.data.labels import LEXICON_CHANNEL
 from pipelines.data.tokens import TokenRows
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 NEGATION_CHANNEL = "negation"
 

@@ -12,16 +12,18 @@ import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformer_lens import HookedTransformer, HookedTransformerConfig
-from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
 
 from circuits.config import Config, option, seed_option
 from circuits.weights import check_finite
 from pipelines.engine.files import digest, text_digest, write_json
 from pipelines.engine.paths import MODEL_CONFIG, MODEL_WEIGHTS, ModelPaths
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 
 def identity(x: torch.Tensor) -> torch.Tensor:
@@ -31,7 +33,10 @@ def identity(x: torch.Tensor) -> torch.Tensor:
 
 def _register_identity() -> None:
     """Teach TransformerLens (3.9 has no identity activation) the bilinear MLP's, once, where
-    a model's config is made rather than as a side effect of importing this module."""
+    a model's config is made rather than as a side effect of importing this module (which
+    the command line's parser does: TransformerLens takes seconds to import)."""
+    from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
     SUPPORTED_ACTIVATIONS.setdefault("identity", identity)
 
 @dataclass(frozen=True)
@@ -66,6 +71,8 @@ PRESETS: dict[str, ModelConfig] = {
 
 def hooked_config(cfg: ModelConfig, seed: int | None = None) -> HookedTransformerConfig:
     """The TransformerLens config of a bilinear LM of shape `cfg`."""
+    from transformer_lens import HookedTransformerConfig
+
     _register_identity()
     return HookedTransformerConfig(
         n_layers=cfg.n_layers,
@@ -93,6 +100,8 @@ def build_model(cfg: ModelConfig, device: str = "cpu", seed: int | None = None) 
     torch's, numpy's and random's global generators, as TransformerLens does); None draws it
     from torch's generator and then puts that generator back as it was (for weights that
     are loaded next, or set by hand)."""
+    from transformer_lens import HookedTransformer
+
     # HookedTransformer warns that it goes away in TransformerLens 4; we pin 3.9 because
     # sae-lens 6.54 needs it, so the warning says nothing the user can act on.
     with warnings.catch_warnings():

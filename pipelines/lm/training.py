@@ -14,12 +14,12 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 from torch.nn.utils import clip_grad_norm_
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 
 from circuits.config import Config, option, seed_option
 from pipelines.data.tokens import TokenRows
@@ -27,6 +27,9 @@ from pipelines.engine.files import atomic_file
 from pipelines.engine.paths import ModelPaths
 from pipelines.lm.model import ModelConfig, build_model, save_model
 from sae.activations import autocast
+
+if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
+    from transformer_lens import HookedTransformer
 
 @dataclass(frozen=True)
 class LMTrainConfig(Config):

@@ -25,8 +25,6 @@ from pipelines.stages.base import TABLE_FORMAT, gpus, tokens_digest
 from sae.config import SAETrainConfig
 from sae.io import read_metrics, write_sae_extras
 from sae.metrics import evaluate_sae
-from sae.topk import save_sae_lens
-from sae.train import inference_weights, train_saes
 
 
 def ensure_saes(work: StageInputs, *, job: SAEJob, layers: list[int], runtime: Runtime) -> pd.DataFrame:
@@ -80,6 +78,11 @@ def _checkpoint_name(work: StageInputs, cfg: SAETrainConfig, points: list[Point]
 
 def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point]]) -> None:
     """Train one group of SAEs from one stream, resuming its own checkpoint if it has one."""
+    # here, not at the top: sae-lens (with TransformerLens) takes seconds to import, and the
+    # command line's parser imports this module
+    from sae.topk import save_sae_lens
+    from sae.train import inference_weights, train_saes
+
     cfg, todo = unit
     run, device = work.run, work.lm.device
     job = _group_stamp(work, cfg, todo)
