@@ -314,6 +314,10 @@ def child(args) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (rate, cpu_rate), disk = matmul_rate(args.threads), disk_rate(Path(args.out))
     before = folder_bytes(Path(args.out))
+    # the libraries' imports are no stage's work, wherever a code tree happens to import them
+    import sae_lens  # noqa: F401
+    import transformer_lens  # noqa: F401
+
     import pipelines
 
     sampler = Sampler([Path(pipelines.__file__).resolve().parents[1]])
