@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights
-from circuits.gates.pairs import CELLS, Candidates, GateStats
+from circuits.gates.pairs import CELLS, Candidates, GateStats, co_occurrence
 from circuits.gates.ranking import and_score, gate_table_ranks, ranks_within
 from pipelines.analysis.circuit_tables import analyse_layer
 
@@ -389,6 +389,24 @@ def test_gate_stats_updates_in_any_split_agree_with_one_update():
                 np.testing.assert_allclose(whole[key][f, slot].numpy(), expected[key], rtol=1e-12, atol=1e-14)
             got = whole["cell_quantile"][f, slot].numpy()
             assert np.all(np.abs(got - expected["cell_quantile"]) <= width[f].item() * (1 + 1e-9)), (f, slot)
+
+
+@pytest.mark.parametrize("active", [3, 40])  # k^2 <= n_in: pairs of active inputs; else the dense product
+def test_co_occurrence_counts_equal_the_dense_product(active):
+    gen = torch.Generator().manual_seed(active)
+    T, n_in = 300, 64
+    pre = torch.rand(T, n_in, generator=gen, dtype=F64)
+    keep = pre.topk(active, dim=1).indices
+    z = torch.zeros_like(pre).scatter(1, keep, pre.gather(1, keep))
+    z[5] = 0  # a token with no active input
+    z[7, keep[7, :2]] = 0  # and one with fewer than the rest
+    on = (z != 0).double()
+    for dtype in (torch.float32, torch.float64):
+        inputs, co = co_occurrence(z.to(dtype))
+        assert torch.equal(inputs, on.sum(0).long())
+        assert torch.equal(co, (on.T @ on).long())
+    inputs, co = co_occurrence(z[:0])
+    assert not inputs.any() and co.shape == (n_in, n_in) and not co.any()
 
 
 def test_min_active_threshold_is_inclusive_for_coactive_tokens():

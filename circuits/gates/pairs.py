@@ -140,8 +140,10 @@ class GateStats:
         self.contribution = torch.zeros(n_out, width, **zeros)
         self.both = torch.zeros(n_out, width, **zeros)  # f active, a and b active
         self.cell_sum = torch.zeros(n_out, width, 4, **zeros)  # activation sum per cell (f active)
-        self.cell_active = torch.zeros(n_out, width, 4, **zeros)
-        self.histogram = torch.zeros(n_out * width * 4 * n_bins, **zeros)
+        self.histogram = torch.zeros(n_out * width * 4 * n_bins, **zeros)  # f active: per cell and bin
+        # where each candidate's four cells start in `cell_sum` and in `histogram`, `[n_out, G]`
+        cells = (torch.arange(n_out, device=device)[:, None] * width + torch.arange(width, device=device)) * 4
+        self.cell_start = cells.to(_index_dtype(n_out * width * 4 * n_bins))
 
     @torch.no_grad()
     def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor) -> None:
@@ -149,18 +151,19 @@ class GateStats:
         activations `acts [t, n_out]`.
 
         A batch is reduced in its own precision (float32 inputs: float32, exact for its
-        counts) and added to float64 totals; the `[pairs, G]` gathers dominate the cost,
-        so they read a copy of z with a zero column that padded candidates point to,
-        instead of being masked afterwards.
+        counts) and added to float64 totals. The `[pairs, G]` gathers and index arithmetic
+        dominate the cost: they read a copy of z with a zero column that padded candidates
+        point to, instead of being masked afterwards, and index in int32 where the sizes
+        allow (half the memory traffic of int64; the counts are the same).
         """
         dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         z, scale, acts = z.to(dtype), scale.to(dtype), acts.to(dtype)
         n_tokens, n_in = z.shape
         n_out, width = self.cross.shape
-        on = (z != 0).to(dtype)
         self.n_tokens += n_tokens
-        self.input_count += on.sum(0).double()
-        self.co_count += (on.T @ on).double()
+        inputs, co = co_occurrence(z)
+        self.input_count += inputs.double()
+        self.co_count += co.double()
         token, f = (acts != 0).nonzero(as_tuple=True)
         if token.numel() == 0:
             return
@@ -168,22 +171,26 @@ class GateStats:
         self.active += torch.bincount(f, minlength=n_out).double()
         self.act_sum.index_add_(0, f, act.double())
         padded = torch.cat([z, z.new_zeros(n_tokens, 1)], 1).reshape(-1)
-        row = token[:, None] * (n_in + 1)
-        za, zb = padded[row + self.a_index[f]], padded[row + self.b_index[f]]  # [p, G]
+        row = (token * (n_in + 1)).to(_index_dtype(padded.numel()))[:, None]
+        za, zb = (padded.index_select(0, (row + index[f].to(row.dtype)).reshape(-1)).view(len(f), width)
+                  for index in (self.a_index, self.b_index))  # [p, G]
         contribution = self.cross.to(dtype)[f] * za * zb * scale[token, None]
         batch = dict(dtype=dtype, device=z.device)
         self.contribution += torch.zeros(n_out, width, **batch).index_add_(0, f, contribution).double()
-        a_on, b_on = za != 0, zb != 0
-        self.both += torch.zeros(n_out, width, **batch).index_add_(0, f, (a_on & b_on).to(dtype)).double()
-        cell = 2 * (~a_on).long() + (~b_on).long()  # [p, G]
-        flat = ((f[:, None] * width + torch.arange(width, device=f.device)) * 4 + cell).reshape(-1)
+        self.both += torch.zeros(n_out, width, **batch).index_add_(0, f, ((za != 0) & (zb != 0)).to(dtype)).double()
+        flat = self.cell_start[f] + ((za == 0).to(self.cell_start.dtype) * 2 + (zb == 0).to(self.cell_start.dtype))
         size = n_out * width * 4
         self.cell_sum.view(-1).add_(torch.zeros(size, **batch).index_add_(
-            0, flat, act[:, None].expand(-1, width).reshape(-1)).double())
-        self.cell_active.view(-1).add_(torch.bincount(flat, minlength=size).double())
+            0, flat.reshape(-1), act[:, None].expand(-1, width).reshape(-1)).double())
         bins = ((act.double() - self.low[f]) / self.width[f]).long().clamp(0, self.n_bins - 1)  # [p]
-        self.histogram.add_(torch.bincount((flat.view(-1, width) * self.n_bins + bins[:, None]).reshape(-1),
+        self.histogram.add_(torch.bincount((flat * self.n_bins + bins.to(flat.dtype)[:, None]).reshape(-1),
                                            minlength=size * self.n_bins).double())
+
+    @property
+    def cell_active(self) -> torch.Tensor:
+        """Tokens per cell where f is active `[n_out, G, 4]`: the histogram's bins summed."""
+        n_out, width = self.cross.shape
+        return self.histogram.view(n_out, width, 4, self.n_bins).sum(-1)
 
     def cell_counts(self) -> torch.Tensor:
         """Tokens per cell `[n_out, G, 4]`, over all tokens (from input co-occurrence)."""
@@ -235,6 +242,32 @@ class GateStats:
                                              torch.full_like(means, float("nan"))),
             "cell_quantile": self.cell_quantile(q),
         }
+
+
+def co_occurrence(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens on which each input is active `[n_in]` and on which two inputs both are
+    `[n_in, n_in]` (int64), of latents `z [t, n_in]`. A sparse code (at most k active of
+    n_in, k^2 <= n_in) counts the pairs of its active inputs, k^2 per token, instead of the
+    dense product's n_in^2; the counts are the same."""
+    n_tokens, n_in = z.shape
+    on = z != 0
+    token, latent = on.nonzero(as_tuple=True)  # ordered by token
+    per_token = torch.bincount(token, minlength=n_tokens)
+    k = int(per_token.max()) if n_tokens else 0
+    if k * k > n_in:
+        dense = on.to(torch.float64 if n_tokens >= 2**24 else torch.float32)
+        return on.sum(0), (dense.T @ dense).round().long()
+    slot = torch.arange(len(token), device=z.device) - (per_token.cumsum(0) - per_token)[token]
+    table = torch.full((n_tokens, k), n_in, dtype=torch.long, device=z.device)  # n_in: an empty slot
+    table[token, slot] = latent
+    pairs = table[:, :, None] * (n_in + 1) + table[:, None, :]
+    co = torch.bincount(pairs.reshape(-1), minlength=(n_in + 1) ** 2).view(n_in + 1, n_in + 1)[:n_in, :n_in]
+    return torch.bincount(latent, minlength=n_in), co
+
+
+def _index_dtype(size: int) -> torch.dtype:
+    """int32 for indices into `size` elements where it holds them, else int64."""
+    return torch.int32 if size < 2**31 else torch.int64
 
 
 def cell_means(cell_sum: torch.Tensor, cell_tokens: torch.Tensor) -> torch.Tensor:
