@@ -38,6 +38,7 @@ from circuits.sites import OUTPUT_SITE, Point
 if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
 
+
 @dataclass(frozen=True)
 class FeatureConfig(Config):
     """How features are described."""

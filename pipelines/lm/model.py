@@ -22,7 +22,7 @@ from circuits.weights import check_finite
 from pipelines.engine.files import digest, text_digest, write_json
 from pipelines.engine.paths import MODEL_CONFIG, MODEL_WEIGHTS, ModelPaths
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for annotations: the functions that make a model import it themselves
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 

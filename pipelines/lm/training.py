@@ -31,6 +31,7 @@ from sae.activations import autocast
 if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
 
+
 @dataclass(frozen=True)
 class LMTrainConfig(Config):
     """Optimisation settings of `train-lm`."""
