@@ -1,47 +1,94 @@
-"""Training throughput of the bilinear LM: prints tokens/s per preset.
+"""Throughput of the bilinear LM per preset: our plain forward pass against TransformerLens's.
 
-    python benchmarks/bench_lm.py [--presets demo,tiny] [--steps 10] [--vocab 470]
+    python benchmarks/bench_lm.py [--presets demo,tiny] [--steps 10] [--vocab 530] [--threads 1]
 
-The vocabulary defaults to the size the built-in corpus's tokenizer reaches (about 470).
+For each preset, on random tokens and the same weights, two jobs:
+
+- training: AdamW steps of `LMTrainConfig`'s batch, the loss from `circuits.forward` (what
+  `train-lm` runs) and from `HookedTransformer(tokens, return_type="loss")`;
+- activations: `no_grad` passes of 32-row batches recording every block's resid_mid and
+  mlp_out, through `circuits.forward.run` (what `sae.activations` runs) and through
+  TransformerLens's hooks (`run_with_hooks`, as it did before).
+
+The two take turns in rounds, so load from other processes slows both alike; the last
+column is the ratio of their times.
 """
 
 import argparse
 import time
+from collections.abc import Callable
 
 import torch
 
-from pipelines.lm.model import PRESETS, ModelConfig, build_model
+from circuits import forward
+from circuits.sites import MLP_OUT, RESID_MID, hook_name
+from pipelines.lm.model import PRESETS, build_model
 from pipelines.lm.training import LMTrainConfig
 
+ROUNDS = 3
 
-def tokens_per_s(cfg: ModelConfig, batch_size: int, steps: int) -> float:
-    """Training tokens per second of `steps` AdamW steps on random tokens."""
-    model = build_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x = torch.randint(0, cfg.d_vocab, (batch_size, cfg.n_ctx))
-    for i in range(steps + 2):
-        if i == 2:  # the first steps allocate; time the rest
-            start = time.perf_counter()
-        loss = model(x, return_type="loss")
+
+def _training_step(model, tokens: torch.Tensor, plain: bool) -> Callable[[], None]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> None:
+        if plain:
+            loss = forward.next_token_loss(forward.run(model, tokens)[0], tokens).mean()
+        else:
+            loss = model(tokens, return_type="loss")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-    return steps * batch_size * cfg.n_ctx / (time.perf_counter() - start)
+
+    return step
+
+
+def _activations(model, tokens: torch.Tensor, plain: bool) -> Callable[[], None]:
+    points = [(layer, site) for layer in range(model.cfg.n_layers) for site in (RESID_MID, MLP_OUT)]
+    found = {}
+    hooks = [(hook_name(*p), lambda act, hook, p=p: found.__setitem__(p, act)) for p in points]
+
+    @torch.no_grad()
+    def run() -> None:
+        if plain:
+            forward.run(model, tokens, points, model.cfg.n_layers)
+        else:
+            model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
+
+    return run
+
+
+def _time(job: Callable[[], None], steps: int) -> float:
+    start = time.perf_counter()
+    for _ in range(steps):
+        job()
+    return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", default="tiny,demo", help="comma list of tiny, demo, paper")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--vocab", type=int, default=470)
+    parser.add_argument("--steps", type=int, default=10, help="steps per job and round")
+    parser.add_argument("--vocab", type=int, default=530, help="the vocabulary the built-in corpus's tokenizer reaches")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     batch = LMTrainConfig().batch_size
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {batch} rows")
+    print(f"torch {torch.__version__}, {args.threads} threads, batch {batch} rows, {ROUNDS} rounds of {args.steps} steps")
+    print(f"{'preset':6s} {'job':11s} {'TransformerLens tok/s':>22s} {'plain tok/s':>12s} {'speed-up':>8s}")
     for name in args.presets.split(","):
         cfg = PRESETS[name].replace(d_vocab=args.vocab)
-        rate = tokens_per_s(cfg, batch, args.steps)
-        print(f"{name:6s} layers {cfg.n_layers} d_model {cfg.d_model} n_ctx {cfg.n_ctx}: "
-              f"{rate:,.0f} training tokens/s")
+        tokens = torch.randint(0, cfg.d_vocab, (batch, cfg.n_ctx), generator=torch.Generator().manual_seed(0))
+        for job, make in (("training", _training_step), ("activations", _activations)):
+            jobs = {plain: make(build_model(cfg, seed=0), tokens, plain) for plain in (False, True)}
+            seconds = dict.fromkeys(jobs, 0.0)
+            for job_fn in jobs.values():
+                job_fn()  # the first step allocates
+            for _ in range(ROUNDS):
+                for plain, job_fn in jobs.items():
+                    seconds[plain] += _time(job_fn, args.steps)
+            rate = {plain: ROUNDS * args.steps * tokens.numel() / s for plain, s in seconds.items()}
+            print(f"{name:6s} {job:11s} {rate[False]:22,.0f} {rate[True]:12,.0f} {seconds[False] / seconds[True]:7.2f}x")
 
 
 if __name__ == "__main__":

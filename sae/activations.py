@@ -1,7 +1,7 @@
 """Collect activations at several (layer, site) points with one model pass per batch.
 
-Hooks record the activations while the model runs only as deep as the deepest point needs
-(`stop_at_layer`), so neither later blocks nor the unembedding are computed. Positions can
+The model runs (`circuits.forward`) only as deep as the deepest point needs, so neither
+later blocks nor the unembedding are computed. Positions can
 be left out (BOS, padding, or any mask); what comes back is token-level: one row per kept
 position, rows ordered by sequence and then by position.
 """
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from circuits.sites import MLP_IN, Point, check_points, hook_name
+from circuits import forward
+from circuits.sites import Point, check_points
 
 if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
@@ -38,16 +39,6 @@ def check_tokens(tokens: torch.Tensor, model: HookedTransformer | None = None) -
         raise ValueError(f"rows of {tokens.shape[1]} tokens exceed the model's context of {model.cfg.n_ctx}")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= model.cfg.d_vocab):
         raise ValueError(f"token ids must lie in [0, {model.cfg.d_vocab}) for this model")
-
-
-def mlp_input(model: HookedTransformer, layer: int, normalized: torch.Tensor) -> torch.Tensor:
-    """The MLP input `[..., d_model]` from `ln2.hook_normalized`: times the norm's gain, if any.
-
-    A model whose norm gains were folded into the MLP weights has no `ln2.w`; its
-    normalized value is then already what the MLP multiplies.
-    """
-    gain = getattr(model.blocks[layer].ln2, "w", None)
-    return normalized if gain is None else normalized * gain
 
 
 @torch.no_grad()
@@ -76,24 +67,5 @@ def iter_activations(
         rows = keep[start : start + batch_seqs].to(device)
         if not rows.any():
             continue
-        found: dict[Point, torch.Tensor] = {}
-        hooks = [(hook_name(*point), _recorder(model, point, rows, found)) for point in points]
-        model.run_with_hooks(
-            tokens[start : start + batch_seqs].to(device),
-            fwd_hooks=hooks,
-            stop_at_layer=stop,
-            return_type=None,
-        )
-        yield found
-
-
-def _recorder(model: HookedTransformer, point: Point, rows: torch.Tensor, found: dict):
-    """A forward hook that stores the kept positions of its activation in `found[point]`."""
-    layer, site = point
-
-    def hook(act: torch.Tensor, hook) -> None:  # act: [batch, pos, d_model]
-        if site == MLP_IN:
-            act = mlp_input(model, layer, act)
-        found[point] = act[rows]  # boolean indexing copies: [n_kept, d_model]
-
-    return hook
+        _, found = forward.run(model, tokens[start : start + batch_seqs].to(device), points, stop)
+        yield {point: act[rows] for point, act in found.items()}  # boolean indexing copies: [n_kept, d_model]

@@ -30,10 +30,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from circuits import forward
 from circuits.bilinear import interaction_matrices
 from circuits.gates.interventions import LayerIntervention, Sides, latent_lookup, side_removal
 from circuits.sae_basis import token_scale
-from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, hook_name, input_gain
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, input_gain
 from circuits.weights import MLPWeights
 from pipelines.analysis.interventions import LayerCache
 from pipelines.inputs import LayerSAEs
@@ -130,43 +131,26 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
             rows = torch.arange(len(index))
             result["pre"][index] = saes.sae_out.weights.pre(mlp_out)[rows, f].double()
             result["act"][index] = saes.sae_out.weights.encode(mlp_out)[rows, f].double()
-            logprob = F.log_softmax(model.unembed(model.ln_final(found["final"][i, pos][None]))[0].double(), -1)
+            logprob = F.log_softmax(forward.unembed(model, found["final"][i, pos]).double(), -1)
             ids, listed = boost_ids[f], boost_mask[f]  # [n, L]: each entry's boosted tokens
             result["logprob"][index] = (logprob.gather(1, ids) * listed).sum(-1) / listed.sum(-1)
     return result
 
 
 def _run(model, cache: LayerCache, saes: LayerSAEs, resid: torch.Tensor, removal: torch.Tensor | None) -> dict:
-    """mlp_out of the layer and the residual stream after the last block of a pass from the
-    layer onward, with `removal` taken out of the MLP's input only."""
+    """resid_mid and mlp_out of the layer and the residual stream after the last block of a
+    pass from the layer onward, with `removal` taken out of the MLP's input only."""
     layer, site, eps = cache.layer, cache.site, cache.eps
-    gain = getattr(model.blocks[layer].ln2, "w", None)
-    found: dict[str, torch.Tensor] = {}
+    gain = model.blocks[layer].ln2.w
 
-    def keep_resid(act, hook):
-        found[RESID_MID] = act
-
-    def change_normalized(act, hook):
-        if removal is None:
-            return act
-        if site == MLP_IN:
-            changed = (act if gain is None else act * gain) - removal
-            changed = changed if gain is None else changed / gain
-        else:
-            r = found[RESID_MID] - removal
-            changed = r / (r.square().mean(-1, keepdim=True) + eps).sqrt()
+    def change_input(resid_mid: torch.Tensor, mlp_in: torch.Tensor) -> torch.Tensor:
+        changed = mlp_in - removal if site == MLP_IN else forward.rms_norm(resid_mid - removal, gain, eps)
         # only the ablated positions change: elsewhere the pass stays bit for bit the clean one
-        return torch.where(removal.ne(0).any(-1, keepdim=True), changed.to(act.dtype), act)
+        return torch.where(removal.ne(0).any(-1, keepdim=True), changed.to(mlp_in.dtype), mlp_in)
 
-    def keep_out(act, hook):
-        found[MLP_OUT] = act
-
-    found["final"] = model.run_with_hooks(resid, start_at_layer=layer, stop_at_layer=model.cfg.n_layers, fwd_hooks=[
-        (hook_name(layer, RESID_MID), keep_resid),
-        (hook_name(layer, MLP_IN), change_normalized),
-        (hook_name(layer, MLP_OUT), keep_out),
-    ])
-    return found
+    final, found = forward.blocks(model, resid, layer, model.cfg.n_layers, [(layer, RESID_MID), (layer, MLP_OUT)],
+                                  None if removal is None else {layer: change_input})
+    return {site: found[layer, site] for site in (RESID_MID, MLP_OUT)} | {"final": final}
 
 
 def _form_parts(cache: LayerCache, entries, z, sides: Sides, sae_in, mlp: MLPWeights, sae_out, site: str) -> dict:

@@ -19,12 +19,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from circuits import forward
 from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, bit_words, candidate_tokens,
                                           intervention_table, member_effects)
 from circuits.gates.types import GateThresholds, causal_bound, causal_score, gate_types, keep_errors, keeps
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
-from circuits.sites import MLP_IN, MLP_OUT, hook_name
+from circuits.sites import MLP_OUT
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
 
@@ -88,22 +89,17 @@ class LayerCache:
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("flat", "source", "z", "acts", "resid_pre", "tokens")}
         for part, tokens in tqdm(rows.iter_batches(batch_rows, n_rows), desc=f"layer {layer} cache", unit="batch",
                                  total=-(-min(n_rows, len(rows)) // batch_rows)):
-            found: dict[str, torch.Tensor] = {}
-            keep = lambda name: lambda act, hook: found.__setitem__(name, act)  # noqa: E731
-            model.run_with_hooks(tokens.to(model.cfg.device), return_type=None, stop_at_layer=layer + 1, fwd_hooks=[
-                (f"blocks.{layer}.hook_resid_pre", keep("resid_pre")), (hook_name(layer, site), keep("source")),
-                (hook_name(layer, MLP_OUT), keep(MLP_OUT))])
-            if site == MLP_IN and getattr(model.blocks[layer].ln2, "w", None) is not None:
-                found["source"] = found["source"] * model.blocks[layer].ln2.w
-            where = rows.keep(tokens).to(found["source"].device)
+            resid_pre, _ = forward.blocks(model, forward.embed(model, tokens.to(model.cfg.device)), 0, layer)
+            _, found = forward.blocks(model, resid_pre, layer, layer + 1, [(layer, site), (layer, MLP_OUT)])
+            where = rows.keep(tokens).to(resid_pre.device)
             n_ctx = tokens.shape[1]
             flat = (torch.arange(part.start, part.stop)[:, None] * n_ctx + torch.arange(n_ctx)).to(where.device)
-            source = found["source"][where].to(sae_in.W_dec.dtype)
+            source = found[layer, site][where].to(sae_in.W_dec.dtype)
             parts["flat"].append(flat[where])
             parts["source"].append(source)
             parts["z"].append(sae_in.encode(source).to_sparse())
-            parts["acts"].append(sae_out.encode(found[MLP_OUT][where].to(sae_out.W_enc.dtype)).to_sparse())
-            parts["resid_pre"].append(found["resid_pre"])
+            parts["acts"].append(sae_out.encode(found[layer, MLP_OUT][where].to(sae_out.W_enc.dtype)).to_sparse())
+            parts["resid_pre"].append(resid_pre)
             parts["tokens"].append(tokens)
         flat = torch.cat(parts["flat"])
         return cls(layer, site, flat, torch.cat(parts["source"]), torch.cat(parts["z"]).coalesce(),

@@ -21,6 +21,7 @@ import torch
 from torch.nn.utils import clip_grad_norm_
 from tqdm.auto import tqdm
 
+from circuits import forward
 from circuits.config import Config, option, seed_option
 from pipelines.data.tokens import TokenRows
 from pipelines.engine.files import atomic_file
@@ -73,8 +74,9 @@ def held_out_loss(model: HookedTransformer, rows: TokenRows, n_rows: int, batch_
     device = model.cfg.device
     total, count = 0.0, 0
     for _, batch in rows.iter_batches(batch_size, n_rows):
+        batch = batch.to(device)
         with autocast(precision, device):
-            loss = model(batch.to(device), return_type="loss", loss_per_token=True)
+            loss = forward.next_token_loss(forward.run(model, batch)[0], batch)
         total += float(loss.float().sum())
         count += loss.numel()
     model.train(was_training)
@@ -135,7 +137,7 @@ def train_lm(
             group["lr"] = lr_at(step, n_steps, cfg)
         rows = train.batch(_batch(len(train), step, cfg).numpy()).to(device)
         with autocast(cfg.autocast, device):
-            loss = model(rows, return_type="loss")
+            loss = forward.next_token_loss(forward.run(model, rows)[0], rows).mean()
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -1,0 +1,131 @@
+"""The bilinear LM's forward pass as plain tensor functions on a TransformerLens model's weights.
+
+TransformerLens runs every block through hook points, per-head einsums and a hand-written
+attention; for our one architecture (RMS norms, rotary attention, a bilinear MLP) the same
+math in a few fused products is measurably faster on a CPU (`benchmarks/bench_lm.py` prints
+both). LM training, the held-out loss, activation collection, the verdicts' token cache and
+their model-run ablations use it; the SAEs' spliced-in loss and the attribution graphs keep
+TransformerLens's hooks. The weights stay the model's own parameters, so gradients reach
+them as usual.
+
+Conventions are TransformerLens 3.9's, checked against it in `tests/test_forward.py`:
+`rms(x) = x / sqrt(mean(x^2) + eps) * w`, rotary over the whole head with the two halves
+paired (not adjacent entries), scores divided by `sqrt(d_head)`, a causal mask, and the
+gated MLP `W_out^T ((W_gate^T x) * (W_in^T x) + b_in) + b_out`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, Point
+
+if TYPE_CHECKING:
+    from transformer_lens import HookedTransformer
+
+
+def check_architecture(model: HookedTransformer) -> None:
+    """Raise ValueError unless `model` is a bilinear LM of the shape this module computes."""
+    cfg = model.cfg
+    wanted = {
+        "normalization_type": "RMS", "positional_embedding_type": "rotary", "gated_mlp": True,
+        "act_fn": "identity", "rotary_dim": cfg.d_head, "use_attn_scale": True, "attn_scale": cfg.d_head ** 0.5,
+        "attention_dir": "causal", "attn_scores_soft_cap": -1.0, "output_logits_soft_cap": -1.0,
+        "n_key_value_heads": None, "clip_qkv": None, "original_architecture": None,
+        "num_experts": None, "d_vocab_out": cfg.d_vocab,
+    }
+    wanted.update(dict.fromkeys((
+        "rotary_adjacent_pairs", "attn_only", "parallel_attn_mlp", "use_local_attn", "use_logn_attn",
+        "use_qk_norm", "scale_attn_by_inverse_layer_idx", "post_embedding_ln", "final_rms",
+        "use_normalization_before_and_after", "use_attention_sinks"), False))
+    for name, value in wanted.items():
+        if getattr(cfg, name, value) != value:
+            raise ValueError(f"not a bilinear LM of this toolkit's architecture: {name}={getattr(cfg, name)!r}, "
+                             f"need {value!r}")
+
+
+def rms_norm(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x / sqrt(mean(x^2) + eps) * gain` over the last axis. x: `[..., d_model]`."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding with the halves of each head paired. x: `[batch, heads, pos, d_head]`;
+    cos, sin: `[pos, d_head]`."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def attention(model: HookedTransformer, layer: int, h: torch.Tensor) -> torch.Tensor:
+    """Block `layer`'s attention output `[batch, pos, d_model]` from its normalised input `h`."""
+    attn = model.blocks[layer].attn
+    batch, pos, _ = h.shape
+    n_heads, d_model, d_head = attn.W_Q.shape
+    # one product for queries, keys and values: [d_model, 3 * heads * d_head]
+    w = torch.stack([attn.W_Q, attn.W_K, attn.W_V]).permute(2, 0, 1, 3).reshape(d_model, -1)
+    b = torch.stack([attn.b_Q, attn.b_K, attn.b_V]).reshape(-1)
+    q, k, v = F.linear(h, w.t(), b).view(batch, pos, 3, n_heads, d_head).permute(2, 0, 3, 1, 4)
+    cos, sin = attn.rotary_cos[:pos], attn.rotary_sin[:pos]
+    z = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
+    return F.linear(z.transpose(1, 2).reshape(batch, pos, -1), attn.W_O.reshape(-1, d_model).t(), attn.b_O)
+
+
+def mlp(model: HookedTransformer, layer: int, x: torch.Tensor) -> torch.Tensor:
+    """Block `layer`'s bilinear MLP output `[..., d_model]` from its input `x` (after the norm's gain)."""
+    m = model.blocks[layer].mlp
+    return F.linear((x @ m.W_gate) * (x @ m.W_in) + m.b_in, m.W_out.t(), m.b_out)
+
+
+def embed(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
+    """The residual stream `[batch, pos, d_model]` entering block 0 for `tokens` `[batch, pos]`."""
+    check_architecture(model)
+    return model.embed.W_E[tokens]
+
+
+def blocks(model: HookedTransformer, x: torch.Tensor, start: int, stop: int, points: list[Point] = (),
+           edits: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
+           ) -> tuple[torch.Tensor, dict[Point, torch.Tensor]]:
+    """Run the residual stream `x` `[batch, pos, d_model]` entering block `start` through
+    blocks `start` to `stop - 1`: the stream leaving the last one and the activation
+    `[batch, pos, d_model]` at each point (`mlp_in` is what the MLP multiplies, after the
+    norm's gain). `edits[layer](resid_mid, mlp_in)` returns the MLP input block `layer` uses
+    instead; the stream that bypasses the MLP stays as it was."""
+    check_architecture(model)
+    eps, wanted, edits = model.cfg.eps, set(points), edits or {}
+    found: dict[Point, torch.Tensor] = {}
+    for layer in range(start, stop):
+        block = model.blocks[layer]
+        x = x + attention(model, layer, rms_norm(x, block.ln1.w, eps))
+        h = rms_norm(x, block.ln2.w, eps)
+        if layer in edits:
+            h = edits[layer](x, h)
+        out = mlp(model, layer, h)
+        for site, value in ((RESID_MID, x), (MLP_IN, h), (MLP_OUT, out)):
+            if (layer, site) in wanted:
+                found[layer, site] = value
+        x = x + out
+    return x, found
+
+
+def unembed(model: HookedTransformer, x: torch.Tensor) -> torch.Tensor:
+    """Logits `[..., d_vocab]` from the residual stream `x` `[..., d_model]` leaving the last block."""
+    return F.linear(rms_norm(x, model.ln_final.w, model.cfg.eps), model.unembed.W_U.t(), model.unembed.b_U)
+
+
+def run(model: HookedTransformer, tokens: torch.Tensor, points: list[Point] = (),
+        stop_at_layer: int | None = None) -> tuple[torch.Tensor | None, dict[Point, torch.Tensor]]:
+    """Run `tokens` `[batch, pos]` through the model: the logits `[batch, pos, d_vocab]` (None
+    when `stop_at_layer` stops before the unembedding) and the activation at each point."""
+    n_layers = model.cfg.n_layers
+    stop = n_layers if stop_at_layer is None else stop_at_layer
+    x, found = blocks(model, embed(model, tokens), 0, stop, points)
+    return (unembed(model, x) if stop == n_layers else None), found
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy (nats) of each next token, `[batch, pos - 1]`, from logits `[batch, pos, d_vocab]`."""
+    return F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), tokens[:, 1:], reduction="none")

@@ -1,0 +1,90 @@
+"""The plain forward pass (`circuits.forward`) against TransformerLens's on the same weights."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from circuits import forward
+from circuits.sites import SITES, hook_name
+from pipelines.lm.model import PRESETS, build_model, hooked_config
+
+
+@pytest.fixture(scope="module")
+def model():
+    """The tiny LM with every weight drawn at random: biases, norm gains and all, so that a
+    term the plain pass forgot (or TransformerLens's zero-initialised biases hid) shows."""
+    model = build_model(PRESETS["tiny"].replace(d_vocab=97), seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            scale = 0.3 if name.endswith((".w", "b_Q", "b_K", "b_V", "b_O", "b_in", "b_out", "b_U")) else 0.0
+            p.mul_(1.5).add_(scale * torch.randn(p.shape, generator=g) + (1.0 if name.endswith(".w") else 0.0))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, 97, (3, 40), generator=torch.Generator().manual_seed(2))
+
+
+def test_logits_equal_transformer_lens(model, tokens):
+    logits, found = forward.run(model, tokens)
+    expected = model(tokens)
+    assert found == {}
+    scale = float(expected.abs().max())
+    assert scale > 1.0  # the comparison is not between two near-zero tensors
+    torch.testing.assert_close(logits, expected, rtol=1e-5, atol=2e-6 * scale)
+
+
+def test_every_site_equals_the_hooks(model, tokens):
+    points = [(layer, site) for layer in range(2) for site in SITES]
+    _, found = forward.run(model, tokens, points)
+    _, cache = model.run_with_cache(tokens)
+    for layer, site in points:
+        expected = cache[hook_name(layer, site)]
+        if site == "mlp_in":  # the hook fires before the norm's gain
+            expected = expected * model.blocks[layer].ln2.w
+        torch.testing.assert_close(found[layer, site], expected, rtol=1e-5, atol=2e-6 * float(expected.abs().max()))
+
+
+def test_loss_and_gradients_equal_transformer_lens(model, tokens):
+    per_token = forward.next_token_loss(forward.run(model, tokens)[0], tokens)
+    expected = model(tokens, return_type="loss", loss_per_token=True)
+    torch.testing.assert_close(per_token, expected, rtol=1e-5, atol=1e-5)
+    names = [name for name, _ in model.named_parameters()]
+    ours = torch.autograd.grad(per_token.mean(), list(model.parameters()))
+    theirs = torch.autograd.grad(model(tokens, return_type="loss"), list(model.parameters()))
+    for name, a, b in zip(names, ours, theirs, strict=True):
+        scale = float(b.abs().max())
+        assert scale > 0, name  # every weight takes part
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * scale, msg=name)
+
+
+def test_a_stopped_run_computes_no_later_block(model, tokens, monkeypatch):
+    seen = []
+    mlp = forward.mlp
+    monkeypatch.setattr(forward, "mlp", lambda m, layer, x: seen.append(layer) or mlp(m, layer, x))
+    logits, found = forward.run(model, tokens, [(0, "mlp_out")], stop_at_layer=1)
+    assert logits is None and seen == [0] and set(found) == {(0, "mlp_out")}
+
+
+def test_bf16_autocast_runs_as_transformer_lens_does(tokens):
+    model = build_model(PRESETS["tiny"].replace(d_vocab=97), seed=3).eval()  # as initialised: less sharp
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = forward.run(model, tokens)
+        expected = model(tokens)
+    assert logits.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.float(), expected.float(), rtol=0.02, atol=0.02 * float(expected.abs().max()))
+
+
+@pytest.mark.parametrize("change", [{"rotary_adjacent_pairs": True}, {"normalization_type": "LN"},
+                                    {"act_fn": "gelu"}, {"parallel_attn_mlp": True}])
+def test_another_architecture_is_refused(model, change):
+    from transformer_lens import HookedTransformer
+
+    other = HookedTransformer(dataclasses.replace(hooked_config(PRESETS["tiny"].replace(d_vocab=97), 0), **change))
+    with pytest.raises(ValueError, match=f"not a bilinear LM .*{next(iter(change))}"):
+        forward.run(other, torch.zeros(1, 4, dtype=torch.long))
