@@ -6,9 +6,9 @@ For each preset, on random tokens and the same weights, two jobs:
 
 - training: AdamW steps of `LMTrainConfig`'s batch, the loss from `circuits.forward` (what
   `train-lm` runs) and from `HookedTransformer(tokens, return_type="loss")`;
-- activations: `no_grad` passes of 32-row batches recording every block's resid_mid and
-  mlp_out, through `circuits.forward.run` (what `sae.activations` runs) and through
-  TransformerLens's hooks (`run_with_hooks`, as it did before).
+- activations: `no_grad` passes of the batch recording every block's resid_mid and mlp_out,
+  through `circuits.forward.blocks` (what `sae.activations` runs) and through
+  TransformerLens's hooks (`run_with_hooks`, as it did before), neither unembedding.
 
 The two take turns in rounds, so load from other processes slows both alike; the last
 column is the ratio of their times.
@@ -51,9 +51,9 @@ def _activations(model, tokens: torch.Tensor, plain: bool) -> Callable[[], None]
     @torch.no_grad()
     def run() -> None:
         if plain:
-            forward.run(model, tokens, points, model.cfg.n_layers)
+            forward.blocks(model, forward.embed(model, tokens), 0, model.cfg.n_layers, points)
         else:
-            model.run_with_hooks(tokens, fwd_hooks=hooks, return_type=None)
+            model.run_with_hooks(tokens, fwd_hooks=hooks, stop_at_layer=model.cfg.n_layers)
 
     return run
 

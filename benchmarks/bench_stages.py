@@ -431,8 +431,9 @@ def main() -> None:
         sys.exit(f"--out {out} already holds runs: give a new folder")
     stages = [s for s in STAGES if s in args.stages.split(",")]
     for run in runs if args.source else []:
-        for name in ("corpus", "lm", "tokens", "saes"):
-            shutil.copytree(args.source / name, run / name)
+        for name in ("corpus", "lm", "tokens", "saes"):  # a run without SAEs times train-saes too
+            if (args.source / name).is_dir():
+                shutil.copytree(args.source / name, run / name)
     print(f"demo{' (quick)' if args.quick else ''}, seed {args.seed}, {args.threads} torch thread(s); "
           f"load average at start {os.getloadavg()[0]:.2f}; runs in {out}", flush=True)
     results: list[list[dict]] = [[] for _ in codes]

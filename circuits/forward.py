@@ -116,14 +116,12 @@ def unembed(model: HookedTransformer, x: torch.Tensor) -> torch.Tensor:
     return F.linear(rms_norm(x, model.ln_final.w, model.cfg.eps), model.unembed.W_U.t(), model.unembed.b_U)
 
 
-def run(model: HookedTransformer, tokens: torch.Tensor, points: list[Point] = (),
-        stop_at_layer: int | None = None) -> tuple[torch.Tensor | None, dict[Point, torch.Tensor]]:
-    """Run `tokens` `[batch, pos]` through the model: the logits `[batch, pos, d_vocab]` (None
-    when `stop_at_layer` stops before the unembedding) and the activation at each point."""
-    n_layers = model.cfg.n_layers
-    stop = n_layers if stop_at_layer is None else stop_at_layer
-    x, found = blocks(model, embed(model, tokens), 0, stop, points)
-    return (unembed(model, x) if stop == n_layers else None), found
+def run(model: HookedTransformer, tokens: torch.Tensor, points: list[Point] = ()
+        ) -> tuple[torch.Tensor, dict[Point, torch.Tensor]]:
+    """Run `tokens` `[batch, pos]` through the whole model: the logits `[batch, pos, d_vocab]`
+    and the activation at each point."""
+    x, found = blocks(model, embed(model, tokens), 0, model.cfg.n_layers, points)
+    return unembed(model, x), found
 
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

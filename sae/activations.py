@@ -67,5 +67,6 @@ def iter_activations(
         rows = keep[start : start + batch_seqs].to(device)
         if not rows.any():
             continue
-        _, found = forward.run(model, tokens[start : start + batch_seqs].to(device), points, stop)
+        _, found = forward.blocks(model, forward.embed(model, tokens[start : start + batch_seqs].to(device)), 0, stop,
+                                  points)
         yield {point: act[rows] for point, act in found.items()}  # boolean indexing copies: [n_kept, d_model]

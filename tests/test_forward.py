@@ -63,12 +63,14 @@ def test_loss_and_gradients_equal_transformer_lens(model, tokens):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * scale, msg=name)
 
 
-def test_a_stopped_run_computes_no_later_block(model, tokens, monkeypatch):
+def test_blocks_stop_where_asked(model, tokens, monkeypatch):
     seen = []
     mlp = forward.mlp
     monkeypatch.setattr(forward, "mlp", lambda m, layer, x: seen.append(layer) or mlp(m, layer, x))
-    logits, found = forward.run(model, tokens, [(0, "mlp_out")], stop_at_layer=1)
-    assert logits is None and seen == [0] and set(found) == {(0, "mlp_out")}
+    stream, found = forward.blocks(model, forward.embed(model, tokens), 0, 1, [(0, "mlp_out")])
+    assert seen == [0] and set(found) == {(0, "mlp_out")}
+    expected = model.run_with_cache(tokens)[1]["blocks.1.hook_resid_pre"]
+    torch.testing.assert_close(stream, expected, rtol=1e-5, atol=2e-6 * float(expected.abs().max()))
 
 
 def test_bf16_autocast_runs_as_transformer_lens_does(tokens):
