@@ -82,6 +82,7 @@ def test_bf16_autocast_runs_as_transformer_lens_does(tokens):
     torch.testing.assert_close(logits.float(), expected.float(), rtol=0.02, atol=0.02 * float(expected.abs().max()))
 
 
+@pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")  # TransformerLens 3.9's, for any model
 @pytest.mark.parametrize("change", [{"rotary_adjacent_pairs": True}, {"normalization_type": "LN"},
                                     {"act_fn": "gelu"}, {"parallel_attn_mlp": True}])
 def test_another_architecture_is_refused(model, change):
