@@ -361,3 +361,23 @@ def test_wording_without_ground_truth(run, tmp_path):
     text = (bare / "report" / "index.html").read_text()
     assert "carry no gate tag" in text and "negation gate</th>" not in text
     assert "(negation gate)" not in text
+
+
+def test_scatter_samples_of_every_feature_are_each_features_in_turn():
+    """The explorer's one call for a whole layer gives, feature after feature in their order
+    in the table, exactly the rows of the call for each feature: ranks 1, 2 and the largest."""
+    import numpy as np
+
+    from pipelines.report.inputs import scatter_samples
+
+    rng = np.random.default_rng(0)
+    rows = [{"layer": layer, "out_feature": f, "n_eigs": r, "sample": s, "value": rng.normal()}
+            for layer in (0, 1) for f in (7, 3, 11) for r in range(1, 4 + f % 3) for s in range(3)]
+    samples = pd.DataFrame(rows).sample(frac=1.0, random_state=1).reset_index(drop=True)
+    whole = scatter_samples(samples, 1)
+    each = pd.concat([scatter_samples(samples, 1, int(f)) for f in samples[samples["layer"] == 1]["out_feature"].unique()])
+    pd.testing.assert_frame_equal(whole, each)
+    assert set(whole["layer"]) == {1}
+    for f, ranks in ((3, [1, 2, 3]), (7, [1, 2, 4]), (11, [1, 2, 5])):  # the largest stored, not those between
+        mine = whole[whole["out_feature"] == f]
+        assert list(zip(mine["n_eigs"], mine["sample"])) == [(r, s) for r in ranks for s in range(3)]

@@ -385,8 +385,7 @@ def data_bundle(tables: RunTables, layer: int, site: str, file: str) -> dict:
         if name == "gate_truth":  # only the truth tables the pages show: of the verdicts' pairs and the best
             mine = _shown_truth(mine, select(tables.get("gate_verdicts"), site), layer)
         if name == "lowrank_samples":
-            mine = pd.concat([scatter_samples(mine, layer, int(f)) for f in mine["out_feature"].unique()]) \
-                if len(mine) else mine
+            mine = scatter_samples(mine, layer) if len(mine) else mine
         out[name] = _export(mine, name)
     return out
 

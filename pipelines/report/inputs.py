@@ -66,17 +66,22 @@ def load_report_data(run: RunPaths, layers: list[int], input_site: str, model_di
     return ReportData(run, layers, input_site, read_json(files.summary), read_json(files.config))
 
 
-def scatter_samples(samples: pd.DataFrame | None, layer: int, feature: int) -> pd.DataFrame:
+def scatter_samples(samples: pd.DataFrame | None, layer: int, feature: int | None = None) -> pd.DataFrame:
     """The `lowrank_samples` rows a scatter of one output feature shows (the report's and the
-    explorer's): ranks 1, 2 and the largest stored."""
+    explorer's): ranks 1, 2 and the largest stored; with no `feature`, those of every output
+    feature of the layer, feature after feature in their order in `samples`."""
     if samples is None or samples.empty:
         return pd.DataFrame(columns=schemas.TABLES["lowrank_samples"].names)
-    mine = samples[(samples["layer"] == layer) & (samples["out_feature"] == feature)] if "layer" in samples \
-        else samples[samples["out_feature"] == feature]
+    mine = samples[samples["layer"] == layer] if "layer" in samples else samples
+    if feature is not None:
+        mine = mine[mine["out_feature"] == feature]
     if mine.empty:
         return mine
-    ranks = [*SCATTER_RANKS, int(mine["n_eigs"].max())]
-    return mine[mine["n_eigs"].isin(ranks)].sort_values(["n_eigs", "sample"])
+    # all features in one frame: a filter per feature made the explorer's layers quadratic
+    mine = mine.assign(_order=pd.factorize(mine["out_feature"])[0])
+    largest = mine.groupby("out_feature")["n_eigs"].transform("max")
+    mine = mine[mine["n_eigs"].isin(SCATTER_RANKS) | (mine["n_eigs"] == largest)]
+    return mine.sort_values(["_order", "n_eigs", "sample"], kind="stable").drop(columns="_order")
 
 
 def interaction_submatrix(model, layer: int, feature: int, saes: LayerSAEs, inputs: list[int]) -> np.ndarray:
