@@ -1,9 +1,9 @@
 """Collect activations at several (layer, site) points with one model pass per batch.
 
 The model runs (`circuits.forward`) only as deep as the deepest point needs, so neither
-later blocks nor the unembedding are computed. Positions can
-be left out (BOS, padding, or any mask); what comes back is token-level: one row per kept
-position, rows ordered by sequence and then by position.
+later blocks nor the unembedding are computed. Positions can be left out (BOS, padding, or
+any mask); what comes back is token-level: one row per kept position, rows ordered by
+sequence and then by position.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hooked activations (values, masking, the MLP input) and the shuffled activation stream."""
+"""Collected activations (values, masking, the MLP input) and the shuffled activation stream."""
 
 from __future__ import annotations
 
