@@ -138,7 +138,6 @@ class GateStats:
         self.active = torch.zeros(n_out, **zeros)  # tokens where f is active
         self.act_sum = torch.zeros(n_out, **zeros)
         self.contribution = torch.zeros(n_out, width, **zeros)
-        self.both = torch.zeros(n_out, width, **zeros)  # f active, a and b active
         self.cell_sum = torch.zeros(n_out, width, 4, **zeros)  # activation sum per cell (f active)
         self.histogram = torch.zeros(n_out * width * 4 * n_bins, **zeros)  # f active: per cell and bin
         # where each candidate's four cells start in `cell_sum` and in `histogram`, `[n_out, G]`
@@ -177,7 +176,6 @@ class GateStats:
         contribution = self.cross.to(dtype)[f] * za * zb * scale[token, None]
         batch = dict(dtype=dtype, device=z.device)
         self.contribution += torch.zeros(n_out, width, **batch).index_add_(0, f, contribution).double()
-        self.both += torch.zeros(n_out, width, **batch).index_add_(0, f, ((za != 0) & (zb != 0)).to(dtype)).double()
         flat = self.cell_start[f] + ((za == 0).to(self.cell_start.dtype) * 2 + (zb == 0).to(self.cell_start.dtype))
         size = n_out * width * 4
         self.cell_sum.view(-1).add_(torch.zeros(size, **batch).index_add_(
@@ -221,7 +219,8 @@ class GateStats:
     def result(self, q: float = 0.9, min_tokens: int = 1) -> dict[str, torch.Tensor]:
         """Per candidate `[n_out, G]` (cells `[n_out, G, 4]`): see the module docstring."""
         active = self.active[:, None]
-        counts = self.cell_counts()
+        counts, cell_active = self.cell_counts(), self.cell_active
+        both = cell_active[..., 0]  # f active, a and b active
         means = cell_means(self.cell_sum, counts)
         and_data = and_from_cells(means)
         nan = torch.full_like(self.contribution, float("nan"))
@@ -230,15 +229,15 @@ class GateStats:
         share = torch.where(self.act_sum[:, None] != 0, self.contribution / self.act_sum[:, None], nan)
         return {
             "n_active": active.expand_as(self.contribution),
-            "coactivation": torch.where(active > 0, self.both / active.clamp_min(1), nan),
+            "coactivation": torch.where(active > 0, both / active.clamp_min(1), nan),
             "mean_contribution": torch.where(active > 0, self.contribution / active.clamp_min(1), nan),
             "contribution_share": share,
             "and_data": and_data,
-            "gate_score": gate_score(share, and_data, self.both, counts, min_tokens),
+            "gate_score": gate_score(share, and_data, both, counts, min_tokens),
             "coactivation_lift": torch.where((n_a > 0) & (n_b > 0) & self.c.valid, lift, nan),
             "cell_tokens": counts,
             "cell_mean": means,
-            "cell_active_share": torch.where(counts > 0, self.cell_active / counts.clamp_min(1),
+            "cell_active_share": torch.where(counts > 0, cell_active / counts.clamp_min(1),
                                              torch.full_like(means, float("nan"))),
             "cell_quantile": self.cell_quantile(q),
         }
