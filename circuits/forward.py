@@ -81,8 +81,8 @@ def mlp(model: HookedTransformer, layer: int, x: torch.Tensor) -> torch.Tensor:
 
 
 def embed(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
-    """The residual stream `[batch, pos, d_model]` entering block 0 for `tokens` `[batch, pos]`."""
-    check_architecture(model)
+    """The residual stream `[batch, pos, d_model]` entering block 0 for `tokens` `[batch, pos]`
+    (`blocks`, through which every pass goes, checks the architecture)."""
     return model.embed.W_E[tokens]
 
 
