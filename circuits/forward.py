@@ -111,6 +111,39 @@ def blocks(model: HookedTransformer, x: torch.Tensor, start: int, stop: int, poi
     return x, found
 
 
+class Streams:
+    """The residual streams of fixed token batches, kept where the last pass of each left
+    them, so that a stage reading one layer after another in increasing order runs each
+    block once per batch: 4 block passes for the demo's 4 layers, where starting every
+    layer from the embedding takes 10. A stream is kept per batch key (its first row, say)
+    with the batch's tokens, and reused only for the same tokens; memory is one stream,
+    `[batch, pos, d_model]`, per key."""
+
+    def __init__(self, model: HookedTransformer):
+        self.model = model
+        self._kept: dict = {}  # key -> (tokens, layer, the stream entering that layer)
+
+    @torch.no_grad()
+    def layer(self, key, tokens: torch.Tensor, layer: int, points: list[Point] = ()
+              ) -> tuple[torch.Tensor, dict[Point, torch.Tensor]]:
+        """Block `layer` of `tokens [batch, pos]`: the stream entering it and the value at
+        each point (of this layer, `blocks`). Resumed from the stream kept under `key` when
+        it was kept for the same tokens at or below `layer`, else run from the embedding;
+        the stream leaving the block is kept in its place."""
+        if any(at != layer for at, _ in points):
+            raise ValueError(f"points {sorted(points)} are not all in layer {layer}")
+        tokens = tokens.to(self.model.cfg.device)
+        kept = self._kept.get(key)
+        if kept is not None and kept[1] <= layer and torch.equal(kept[0], tokens):
+            start, x = kept[1], kept[2]
+        else:
+            start, x = 0, embed(self.model, tokens)
+        x, _ = blocks(self.model, x, start, layer)
+        after, found = blocks(self.model, x, layer, layer + 1, points)
+        self._kept[key] = (tokens, layer + 1, after)
+        return x, found
+
+
 def unembed(model: HookedTransformer, x: torch.Tensor) -> torch.Tensor:
     """Logits `[..., d_vocab]` from the residual stream `x` `[..., d_model]` leaving the last block."""
     return F.linear(rms_norm(x, model.ln_final.w, model.cfg.eps), model.unembed.W_U.t(), model.unembed.b_U)

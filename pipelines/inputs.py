@@ -25,9 +25,10 @@ from pipelines.engine.files import digest, read_json, text_digest
 from pipelines.engine.paths import ModelPaths, RunPaths, stamp_of
 from pipelines.engine.tables import provenance, table_path
 from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
-from sae.activations import iter_activations
+from sae.activations import check_tokens
 from sae.io import LoadedSAE, check_sae_point, load_sae
-from circuits.sites import INPUT_SITES, MLP_IN, OUTPUT_SITE, SITES, Point
+from circuits.forward import Streams
+from circuits.sites import INPUT_SITES, MLP_IN, OUTPUT_SITE, SITES, Point, check_points
 
 if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
@@ -217,19 +218,29 @@ def plan_layers(run: RunPaths, inputs: ModelInputs, layers: list[int], explicit:
     return {layer: LayerPlan(layer, site, folders, True, allow_hookless)}
 
 
-def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: LayerSAEs, batch_rows: int = 32):
-    """A callable giving a fresh pass of `LayerBatch`es over the first `n_rows` rows."""
+def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: LayerSAEs, batch_rows: int = 32,
+                  streams: Streams | None = None):
+    """A callable giving a fresh pass of `LayerBatch`es over the first `n_rows` rows.
+    `streams`: where the rows' residual streams are kept between layers (`forward.Streams`,
+    keyed by each batch's first row); by default the pass runs from the embedding."""
     layer, site = saes.layer, saes.input_site
     points = sorted({(layer, MLP_IN), (layer, OUTPUT_SITE), (layer, site)})
+    check_points(model, points)
     eps = float(model.cfg.eps)
+    streams = Streams(model) if streams is None else streams
 
     def batches():
-        for _, tokens in rows.iter_batches(batch_rows, n_rows):
-            for acts in iter_activations(model, tokens, points, rows.keep(tokens), batch_rows):
-                source = acts[(layer, site)]
-                yield LayerBatch(x=acts[(layer, MLP_IN)], z=saes.sae_in.weights.encode(source),
-                                 scale=token_scale(source, eps, site),
-                                 acts=saes.sae_out.weights.encode(acts[(layer, OUTPUT_SITE)]))
+        for part, tokens in rows.iter_batches(batch_rows, n_rows):
+            check_tokens(tokens, model)
+            keep = rows.keep(tokens).to(model.cfg.device)
+            if not keep.any():
+                continue
+            _, found = streams.layer(part.start, tokens, layer, points)
+            acts = {point: value[keep] for point, value in found.items()}
+            source = acts[(layer, site)]
+            yield LayerBatch(x=acts[(layer, MLP_IN)], z=saes.sae_in.weights.encode(source),
+                             scale=token_scale(source, eps, site),
+                             acts=saes.sae_out.weights.encode(acts[(layer, OUTPUT_SITE)]))
 
     return batches
 

@@ -91,3 +91,30 @@ def test_another_architecture_is_refused(model, change):
     other = HookedTransformer(dataclasses.replace(hooked_config(PRESETS["tiny"].replace(d_vocab=97), 0), **change))
     with pytest.raises(ValueError, match=f"not a bilinear LM .*{next(iter(change))}"):
         forward.run(other, torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_streams_resume_where_the_last_pass_of_a_batch_stopped(model, tokens, monkeypatch):
+    seen = []
+    mlp = forward.mlp
+    monkeypatch.setattr(forward, "mlp", lambda m, layer, x: seen.append(layer) or mlp(m, layer, x))
+    points = lambda layer: [(layer, "resid_mid"), (layer, "mlp_out")]  # noqa: E731
+    streams = forward.Streams(model)
+    entering0, found0 = streams.layer("rows 0-2", tokens, 0, points(0))
+    entering1, found1 = streams.layer("rows 0-2", tokens, 1, points(1))
+    assert seen == [0, 1]  # layer 1 resumed from the stream block 0 left: each block ran once
+    seen.clear()
+    _, expected = forward.blocks(model, forward.embed(model, tokens), 0, 2, points(0) + points(1))
+    assert torch.equal(entering0, forward.embed(model, tokens))
+    assert torch.equal(entering1, forward.blocks(model, forward.embed(model, tokens), 0, 1)[0])
+    for point, value in {**found0, **found1}.items():
+        assert torch.equal(value, expected[point]), point  # the same operations on the same values
+    seen.clear()
+    other = tokens.flip(0)  # other tokens under the same key: not resumed
+    _, found = streams.layer("rows 0-2", other, 1, points(1))
+    assert seen == [0, 1]
+    torch.testing.assert_close(found[1, "mlp_out"], expected[1, "mlp_out"].flip(0))
+    seen.clear()
+    streams.layer("rows 0-2", other, 0, points(0))  # the kept stream has passed layer 0: from the embedding
+    assert seen == [0]
+    with pytest.raises(ValueError, match="not all in layer 0"):
+        streams.layer("rows 0-2", tokens, 0, [(1, "mlp_out")])

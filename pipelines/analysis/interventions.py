@@ -83,14 +83,16 @@ class LayerCache:
     @classmethod
     @torch.no_grad()
     def build(cls, model, rows: TokenRows, n_rows: int, saes: LayerSAEs, seed: int, confirm_share: float,
-              batch_rows: int = 32) -> "LayerCache":
+              batch_rows: int = 32, streams: forward.Streams | None = None) -> "LayerCache":
+        """The cache of layer `saes.layer` over the first `n_rows` rows; `streams` (keyed by
+        each batch's first row) carries the rows' residual streams from an earlier layer's cache."""
+        streams = forward.Streams(model) if streams is None else streams
         layer, site = saes.layer, saes.input_site
         sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("flat", "source", "z", "acts", "resid_pre", "tokens")}
         for part, tokens in tqdm(rows.iter_batches(batch_rows, n_rows), desc=f"layer {layer} cache", unit="batch",
                                  total=-(-min(n_rows, len(rows)) // batch_rows)):
-            resid_pre, _ = forward.blocks(model, forward.embed(model, tokens.to(model.cfg.device)), 0, layer)
-            _, found = forward.blocks(model, resid_pre, layer, layer + 1, [(layer, site), (layer, MLP_OUT)])
+            resid_pre, found = streams.layer(part.start, tokens, layer, [(layer, site), (layer, MLP_OUT)])
             where = rows.keep(tokens).to(resid_pre.device)
             n_ctx = tokens.shape[1]
             flat = (torch.arange(part.start, part.stop)[:, None] * n_ctx + torch.arange(n_ctx)).to(where.device)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from circuits.forward import Streams
 from circuits.gates.interventions import LayerIntervention, Sides
 from circuits.weights import from_hooked_transformer
 from pipelines.analysis.ablation import confirm
@@ -27,16 +28,18 @@ CIRCUIT_READS = ("gates", "eigen", "eigen_inputs", "interactions")  # the circui
 
 
 def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.DataFrame], *, facts: InputFacts,
-                tags: tuple[GateTag, ...], boosted: dict[int, list[int]], cfg: VerdictConfig) -> dict[str, pd.DataFrame]:
+                tags: tuple[GateTag, ...], boosted: dict[int, list[int]], cfg: VerdictConfig,
+                streams: Streams | None = None) -> dict[str, pd.DataFrame]:
     """The `pair_gates`, `gate_ablation`, `group_gates`, `group_truth`, `group_ablation` and
     `gate_verdicts` rows of one layer, from its circuit tables (`CIRCUIT_READS`, output SAE
     features, this input site), what the features say (`facts`), and held-out `rows`.
     `tags`: the corpus's gate tags whose channels the feature labels carry (`pipelines.data.tags`),
-    a column each."""
+    a column each. `streams`: the rows' residual streams kept from an earlier layer
+    (`forward.Streams`), so the token cache runs one block."""
     layer = saes.layer
     mlp = from_hooked_transformer(model, layer)
     sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
-    cache = LayerCache.build(model, rows, cfg.rows, saes, cfg.seed, cfg.confirm_share)
+    cache = LayerCache.build(model, rows, cfg.rows, saes, cfg.seed, cfg.confirm_share, streams=streams)
     local = LayerIntervention(mlp.to(sae_in.W_dec.dtype), sae_in.W_dec, sae_out, saes.input_site)
     keys = {"layer": layer, "outputs": "sae", "input_site": saes.input_site}
 
