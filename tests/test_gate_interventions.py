@@ -383,14 +383,15 @@ def test_groups_are_pruned_to_the_members_that_change_the_result_and_keep_it():
     cfg = VerdictConfig(prune=1e-6)
     # the second gate's side a holds no member that matters alone: it keeps them all
     full = Sides.of_groups([4, 4], [[1, 5, 7], [5, 7]], [[2, 9], [2]])
-    pruned, entries = pruned_groups(layer, cache, full, cfg)
+    pruned, table = pruned_groups(layer, cache, full, cfg)
     assert side_lists(pruned) == {"necessary_a": [[1], [5, 7]], "necessary_b": [[2], [2]]}
     # what the pruned members did not do, pruning does not change: the same tokens, the same results
     before = intervention_table(layer, source, z, full, ranking_entries(cache, full, cfg))
-    after = intervention_table(layer, source, z, pruned, entries)
+    after = intervention_table(layer, source, z, pruned, ranking_entries(cache, pruned, cfg))
     assert int(after["n_tokens"][0]) == T
     for key, values in before.items():
         torch.testing.assert_close(after[key], values)
+        torch.testing.assert_close(table[key], after[key])  # the table returned is the pruned gates' own
 
 
 def test_members_that_matter_only_together_are_not_pruned():
@@ -419,8 +420,10 @@ def test_members_that_matter_only_together_are_not_pruned():
             (("whole", full), ("only", only))}
     share = {name: float(t["act_a"][0] / t["act_none"][0]) for name, t in kept.items()}
     assert abs(share["only"] - share["whole"]) > cfg.prune
-    pruned, _ = pruned_groups(layer, cache, full, cfg)
+    pruned, table = pruned_groups(layer, cache, full, cfg)
     assert side_lists(pruned)["necessary_a"] == [[1, *small]]
+    for key, values in kept["whole"].items():  # the proposal failed: the table is the whole groups'
+        torch.testing.assert_close(table[key], values)
 
 
 def test_a_candidates_token_sample_does_not_depend_on_the_candidates_sampled_with_it():

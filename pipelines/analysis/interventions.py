@@ -166,7 +166,12 @@ def intervention_columns(layer: LayerIntervention, cache: LayerCache, sides: Sid
                          ) -> pd.DataFrame:
     """`IV_COLUMNS` of every candidate, one row each, in the order of `sides`, on its
     `ranking_entries`."""
-    table = intervention_table(layer, cache.source, cache.z, sides, entries)
+    return columns_of(intervention_table(layer, cache.source, cache.z, sides, entries), cfg)
+
+
+def columns_of(table: dict[str, torch.Tensor], cfg) -> pd.DataFrame:
+    """`IV_COLUMNS` of the candidates of an `intervention_table`, one row each."""
+    table = dict(table)
     second = table.pop("act_second").numpy()
     frame = pd.DataFrame({"iv_tokens": table["n_tokens"].numpy().astype(np.int64),
                           **{k: table[k].numpy() for k in table if k != "n_tokens"}})
@@ -236,7 +241,7 @@ def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides,
 
 
 def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg, rounds: int = 4
-                  ) -> tuple[Sides, Entries]:
+                  ) -> tuple[Sides, dict[str, torch.Tensor]]:
     """Group gates cut to their necessary members, keeping the gate's intervention result.
 
     Each round proposes every side cut to its `necessary_members` and tests the proposal
@@ -246,9 +251,12 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
     large) stay, since pruning them would change the result, not simplify the gate. A gate
     whose proposal fails, or that loses no member, stops; at most `rounds` rounds. A 45-input
     label class is a class; the members that carry the gate where it works are its sides.
-    Returns the pruned sides and their entries."""
+    Returns the pruned sides and their `intervention_table` on their `ranking_entries` (a
+    candidate's sample depends on its own sides only, so the test that accepted a proposal
+    is that table's row, not computed again)."""
     entries = ranking_entries(cache, sides, cfg)
-    whole = _kept(intervention_table(layer, cache.source, cache.z, sides, entries))
+    table = intervention_table(layer, cache.source, cache.z, sides, entries)
+    whole = _kept(table)
     lists = side_lists(sides)
     a, b = lists["necessary_a"], lists["necessary_b"]
     open_ = [True] * len(sides)
@@ -262,15 +270,18 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
             break
         trial = Sides.of_groups([int(sides.out[i]) for i, _, _ in proposed], [na for _, na, _ in proposed],
                                 [nb for _, _, nb in proposed])
-        kept = _kept(intervention_table(layer, cache.source, cache.z, trial, ranking_entries(cache, trial, cfg)))
-        whole_there = whole[[i for i, _, _ in proposed]]
-        same = ((kept - whole_there).abs() <= cfg.prune).all(1)  # NaN (untested) never counts as the same
-        for (i, na, nb), ok in zip(proposed, same.tolist()):
+        tried = intervention_table(layer, cache.source, cache.z, trial, ranking_entries(cache, trial, cfg))
+        same = ((_kept(tried) - whole[[i for i, _, _ in proposed]]).abs() <= cfg.prune).all(1)  # NaN never the same
+        for j, ((i, na, nb), ok) in enumerate(zip(proposed, same.tolist())):
             if ok:
                 a[i], b[i], open_[i] = na, nb, True
+                for name, values in table.items():
+                    values[i] = tried[name][j]
         sides = Sides.of_groups(sides.out.tolist(), a, b)
+        if not any(open_):
+            break
         entries = ranking_entries(cache, sides, cfg)
-    return sides, entries
+    return sides, table
 
 
 def _subset(sides: Sides, entries: Entries, index: list[int]) -> tuple[Sides, Entries]:

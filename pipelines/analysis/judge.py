@@ -15,8 +15,8 @@ from circuits.gates.interventions import LayerIntervention, Sides
 from circuits.weights import from_hooked_transformer
 from pipelines.analysis.ablation import confirm
 from pipelines.analysis.group_gates import group_tables
-from pipelines.analysis.interventions import (LayerCache, intervention_columns, pruned_groups, ranking_entries,
-                                              retested, side_lists)
+from pipelines.analysis.interventions import (LayerCache, columns_of, intervention_columns, pruned_groups,
+                                              ranking_entries, retested, side_lists)
 from pipelines.analysis.verdicts import (CIRCUIT_SIDES, InputFacts, VerdictConfig, pair_candidates,
                                          pair_split_evidence, rank, to_ablate, verdict_rows)
 from pipelines.data.tags import GateTag
@@ -60,9 +60,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     if len(group_gates):
         group_sides = Sides.of_groups(group_gates["out_feature"].tolist(), list(group_gates["members_a"]),
                                       list(group_gates["members_b"]))
-        group_sides, entries = pruned_groups(local, cache, group_sides, cfg)
-        group_gates = pd.concat([group_gates.reset_index(drop=True),
-                                 intervention_columns(local, cache, group_sides, entries, cfg)],
+        group_sides, table = pruned_groups(local, cache, group_sides, cfg)
+        group_gates = pd.concat([group_gates.reset_index(drop=True), columns_of(table, cfg)],
                                 axis=1).assign(**side_lists(group_sides))
         group_evidence = group_gates["split_pair"].to_numpy(dtype=bool)  # the split rule's evidence (group_tables)
         rank_groups = lambda frame: rank(frame, group_evidence, ["group_a", "group_b"], cfg)  # noqa: E731
