@@ -270,15 +270,10 @@ def _or_rows(words: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return found
 
 
-def side_removal(coef: torch.Tensor, members: torch.Tensor, drop_slot: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def side_removal(coef: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The removal of one side per evaluation, as (entry, member, coef) triples for
     `LayerIntervention.evaluate`. `members [N, M]` (-1 padding) and their latents `coef [N, M]`
-    at each evaluation's token (`latent_lookup`); `drop_slot [N]`: a slot kept out of the
-    removal (-1: none)."""
-    if drop_slot is not None:
-        coef = torch.where(torch.arange(members.shape[1], device=coef.device) == drop_slot[:, None],
-                           torch.zeros_like(coef), coef)
+    at each evaluation's token (`latent_lookup`; a zero leaves its member in place)."""
     entry, slot = (coef != 0).nonzero(as_tuple=True)
     return entry, members[entry, slot], coef[entry, slot]
 
@@ -338,13 +333,15 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
     """`[C, M]`: per candidate and member slot of `side` ("a" or "b"), how much f's mean
     activation over the candidate's entries changes when that member leaves the side (the
     side's other members removed, it kept), as a share of f's mean activation there. A member
-    never active on those tokens changes nothing (0)."""
+    never active on those tokens changes nothing (0). Evaluations are shared
+    (`evaluate_shared`): the clean one once per token, a removal once per token for every
+    candidate whose side removes the same active latents there."""
     members = getattr(sides, side)
     C, M = members.shape
     change = torch.zeros(C * M, dtype=torch.float64, device=source.device)
     base = torch.zeros(C, dtype=torch.float64, device=source.device)
-    nothing = lambda t: (t.new_zeros(0), t.new_zeros(0), source.new_zeros(0))  # noqa: E731
     latents = latent_lookup(z)
+    slots = torch.arange(M, device=source.device)
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
         mine, out = members[cand], sides.out[cand]
@@ -352,13 +349,16 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
         unique, token = token.unique(return_inverse=True)  # the chunk's tokens, projected once
         rows = source[unique]
         projected = layer.project(rows)
-        base.index_add_(0, cand, layer.evaluate(rows, token, out, *nothing(cand), projected)[1].double())
-        removed = layer.evaluate(rows, token, out, *side_removal(coef, mine), projected)[1]
+        nobody = cand.new_full((len(cand), 1), -1)
+        clean = layer.evaluate_shared(rows, coef.new_zeros(nobody.shape), token, out, nobody, projected)[1]
+        base.index_add_(0, cand, clean.double())
+        removed = layer.evaluate_shared(rows, coef, token, out, mine, projected)[1]
         # only a member active at the entry's token can change anything there
         entry, slot = (coef != 0).nonzero(as_tuple=True)
         for s in range(0, len(entry), chunk):
             e, k = entry[s : s + chunk], slot[s : s + chunk]
-            kept = layer.evaluate(rows, token[e], out[e], *side_removal(coef[e], mine[e], k), projected)[1]
+            left = torch.where(slots == k[:, None], torch.zeros_like(coef[e]), coef[e])  # member k stays
+            kept = layer.evaluate_shared(rows, left, token[e], out[e], mine[e], projected)[1]
             change.index_add_(0, cand[e] * M + k, (kept - removed[e]).double())
     return change.view(C, M) / base.clamp_min(1e-30)[:, None]
 
