@@ -89,6 +89,14 @@ class StageInputs:
     store: TokenStore
     report: Callable[[int], None] = _ignore
 
+    @cached_property
+    def streams(self) -> Streams:
+        """The held-out rows' residual streams, kept between the layers this process's tasks
+        analyse (`forward.Streams`): layers run here one after another (not on Ray, where
+        each task reopens its inputs) each run one block per batch, not every block from
+        the embedding."""
+        return Streams(self.lm.model)
+
     def folders(self) -> dict[str, str]:
         """Where each lives, for a worker to reopen them (`reopen`)."""
         return {"run": str(Path(self.run.root).resolve()), "model": str(self.lm.folder.resolve()),

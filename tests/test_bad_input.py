@@ -435,6 +435,21 @@ def test_a_run_that_fails_keeps_the_stamps_of_the_finished_one(run, tmp_path, ca
     assert {p.name: p.read_bytes() for p in (copy / "tables" / ".stamps").iterdir()} == before
 
 
+def test_circuits_run_each_block_once_per_batch_across_layers(run, tmp_path, monkeypatch):
+    from circuits import forward
+
+    copy = _copy(run, tmp_path)
+    for stamp in (copy / "tables" / ".stamps").iterdir():
+        if stamp.name.startswith("circuits"):
+            stamp.unlink()
+    seen = []
+    mlp = forward.mlp
+    monkeypatch.setattr(forward, "mlp", lambda m, layer, x: seen.append(layer) or mlp(m, layer, x))
+    _ok(["circuits", "--out", str(copy), *CIRCUITS])
+    # one batch of 32 rows: layer 1's pass resumes from the stream layer 0's left (not 0, 0, 1)
+    assert seen == [0, 1]
+
+
 def test_verdicts_show_a_progress_bar(run, tmp_path, capsys):
     copy = _copy(run, tmp_path)
     capsys.readouterr()

@@ -104,17 +104,6 @@ def _run_task(work: StageInputs, unit: tuple) -> None:
         stamps.finish(marker, part.stamp)
 
 
-def layers_together(parts: list[Part], plan: Plan, runtime: Runtime) -> list[Task]:
-    """Tasks for a stage whose layers share work (a pass over the same rows): one task of
-    every layer here, its unit `(plan, parts)`; one per layer on Ray, each `({layer: plan},
-    its parts)`, since Ray tasks share nothing."""
-    layers = sorted({part.layer for part in parts})
-    if runtime.ray is None and parts:
-        return [Task("layers " + ", ".join(map(str, layers)), ({layer: plan[layer] for layer in layers}, parts))]
-    return [Task(f"layer {layer}", ({layer: plan[layer]}, [p for p in parts if p.layer == layer]), gpus(runtime))
-            for layer in layers]
-
-
 def gpus(runtime: Runtime) -> float:
     """What a task asks a Ray cluster for: a GPU each when the work runs on CUDA."""
     return 1.0 if runtime.device.startswith("cuda") else 0.0

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from circuits.forward import Streams
 from pipelines.analysis.circuit_tables import analyse_layer
 from circuits.weights import from_hooked_transformer
 from pipelines import schemas, summary
 from pipelines.analysis.outputs import parse_outputs
 from pipelines.engine.files import digest, text_digest
 from pipelines.engine.stamps import Stamp
-from pipelines.inputs import SAE_OUTPUTS, LayerSAEs, StageInputs, layer_batches, part_name
+from pipelines.inputs import SAE_OUTPUTS, LayerPlan, LayerSAEs, StageInputs, layer_batches, part_name
 from pipelines.jobs import CircuitsJob
-from pipelines.engine.tasks import Task
-from pipelines.runtime import Runtime
-from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, layers_together, tokens_digest
+from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, tokens_digest
 
 
 class Circuits(TableStage):
@@ -31,26 +28,20 @@ class Circuits(TableStage):
                                   _stamp(work, job, saes, spec), tables, spec))
         return found
 
-    def tasks(self, parts: list[Part], plan: Plan, runtime: Runtime) -> list[Task]:
-        return layers_together(parts, plan, runtime)
-
-    def work(self, work: StageInputs, job: CircuitsJob, unit: tuple[Plan, list[Part]], threads: int
+    def work(self, work: StageInputs, job: CircuitsJob, unit: tuple[LayerPlan, list[Part]], threads: int
              ) -> Iterator[tuple[Part, dict]]:
-        """Each planned layer's output sets in increasing layer order, the held-out rows'
-        residual streams carried from one layer to the next; weight analysis on `threads` threads."""
+        """One layer's output sets, its weight analysis on `threads` threads."""
         plan, parts = unit
+        saes = plan.saes(work.lm, SAE_OUTPUTS in job.outputs)
         model = work.lm.model
-        streams = Streams(model)
-        for layer in sorted(plan):
-            saes = plan[layer].saes(work.lm, SAE_OUTPUTS in job.outputs)
-            mlp = from_hooked_transformer(model, layer)
-            for part in (p for p in parts if p.layer == layer):
-                out = parse_outputs([part.detail], job.output_basis, work.lm, mlp, saes, job.analysis)[0]
-                batches = (layer_batches(model, work.store.held_out, job.corr_rows, saes, streams=streams)
-                           if out.sae is not None else None)
-                yield part, analyse_layer(mlp, saes.sae_in.weights, out, batches, job.analysis, layer=layer,
-                                          input_site=saes.input_site, progress=True, workers=threads)
-            work.report(job.corr_rows * work.store.held_out.n_ctx)
+        mlp = from_hooked_transformer(model, plan.layer)
+        for part in parts:
+            out = parse_outputs([part.detail], job.output_basis, work.lm, mlp, saes, job.analysis)[0]
+            batches = (layer_batches(model, work.store.held_out, job.corr_rows, saes, streams=work.streams)
+                       if out.sae is not None else None)
+            yield part, analyse_layer(mlp, saes.sae_in.weights, out, batches, job.analysis, layer=plan.layer,
+                                      input_site=saes.input_site, progress=True, workers=threads)
+        work.report(job.corr_rows * work.store.held_out.n_ctx)
 
     def result(self, work: StageInputs, job: CircuitsJob, plan: Plan, computed: list[Part]) -> list[str]:
         """The parts computed now, by name."""

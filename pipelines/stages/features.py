@@ -20,7 +20,7 @@ from pipelines.engine.tasks import Task
 from pipelines.inputs import StageInputs
 from pipelines.jobs import FeaturesJob
 from pipelines.runtime import Runtime
-from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, held_out_digest, layers_together
+from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, gpus, held_out_digest
 
 class Features(TableStage):
     name = "features"
@@ -31,7 +31,11 @@ class Features(TableStage):
 
     def tasks(self, parts: list[Part], plan: Plan, runtime: Runtime) -> list[Task]:
         """One task for every layer here (one pass over the rows), one per layer on Ray."""
-        return layers_together(parts, plan, runtime)
+        layers = sorted({part.layer for part in parts})
+        if runtime.ray is None and parts:
+            return [Task("layers " + ", ".join(map(str, layers)), (plan, parts))]
+        return [Task(f"layer {layer}", ({layer: plan[layer]}, [p for p in parts if p.layer == layer]), gpus(runtime))
+                for layer in layers]
 
     def work(self, work: StageInputs, job: FeaturesJob, unit: tuple[Plan, list[Part]], threads: int
              ) -> Iterator[tuple[Part, dict[str, pd.DataFrame]]]:

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pandas as pd
 
-from circuits.forward import Streams
 from circuits.sites import OUTPUT_SITE
 from pipelines import schemas, summary
 from pipelines.analysis.features import boosted_token_ids
@@ -21,9 +20,7 @@ from pipelines.engine.tables import table_path
 from pipelines.inputs import LayerPlan, LayerSAEs, StageInputs, check_tables_match
 from pipelines.jobs import VerdictsJob
 from pipelines.options import whole_number
-from pipelines.engine.tasks import Task
-from pipelines.runtime import Runtime
-from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, held_out_digest, layers_together
+from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, held_out_digest
 
 TABLES = tuple(name for name, table in schemas.TABLES.items() if table.stage == "verdicts")
 
@@ -37,28 +34,22 @@ class Verdicts(TableStage):
         return [Part(layer, mine.part, _stamp(work, job, mine, mine.saes(work.lm)), TABLES)
                 for layer, mine in plan.items()]
 
-    def tasks(self, parts: list[Part], plan: Plan, runtime: Runtime) -> list[Task]:
-        return layers_together(parts, plan, runtime)
-
-    def work(self, work: StageInputs, job: VerdictsJob, unit: tuple[Plan, list[Part]], threads: int
+    def work(self, work: StageInputs, job: VerdictsJob, unit: tuple[LayerPlan, list[Part]], threads: int
              ) -> Iterator[tuple[Part, dict[str, pd.DataFrame]]]:
-        """Rank, group, ablate and judge each planned layer's gate candidates, in increasing
-        layer order, the held-out rows' residual streams carried from one layer to the next."""
-        plan, parts = unit
-        run, model = work.run, work.lm.model
-        streams = Streams(model)
-        for part in sorted(parts, key=lambda p: p.layer):
-            layer = part.layer
-            saes = plan[layer].saes(work.lm)
-            circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)
-                        for name in CIRCUIT_READS}
-            features, labels = (schemas.read(run.tables, name, [layer]) for name in ("features", "feature_labels"))
-            boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
-            facts = InputFacts.of(features, labels, layer, saes.input_site, job.rules)
-            yield part, judge_layer(model, saes, work.store.held_out, circuits, facts=facts,
-                                    tags=tags_of(labels, schemas.GATE_TAGS), boosted=boosted, cfg=job.rules,
-                                    streams=streams)
-            work.report(job.rules.rows * work.store.held_out.n_ctx)
+        """Rank, group, ablate and judge one layer's gate candidates."""
+        plan, (part,) = unit
+        run, layer = work.run, plan.layer
+        saes = plan.saes(work.lm)
+        circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)
+                    for name in CIRCUIT_READS}
+        features, labels = (schemas.read(run.tables, name, [layer]) for name in ("features", "feature_labels"))
+        model = work.lm.model
+        boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
+        facts = InputFacts.of(features, labels, layer, saes.input_site, job.rules)
+        yield part, judge_layer(model, saes, work.store.held_out, circuits, facts=facts,
+                                tags=tags_of(labels, schemas.GATE_TAGS), boosted=boosted, cfg=job.rules,
+                                streams=work.streams)
+        work.report(job.rules.rows * work.store.held_out.n_ctx)
 
     def result(self, work: StageInputs, job: VerdictsJob, plan: Plan, computed: list[Part]) -> pd.DataFrame:
         """The verdicts of every planned layer."""
