@@ -116,12 +116,17 @@ class Streams:
     them, so that a stage reading one layer after another in increasing order runs each
     block once per batch: 4 block passes for the demo's 4 layers, where starting every
     layer from the embedding takes 10. A stream is kept per batch key (its first row, say)
-    with the batch's tokens, and reused only for the same tokens; memory is one stream,
-    `[batch, pos, d_model]`, per key."""
+    with the batch's tokens, and reused only for the same tokens. Kept streams live in host
+    memory, one `[batch, pos, d_model]` per key, so that a GPU holds one batch as before;
+    `clear` frees them. With `keep=False` nothing is kept: every pass starts from the
+    embedding (a single layer's pass, which nothing would resume)."""
 
-    def __init__(self, model: HookedTransformer):
-        self.model = model
-        self._kept: dict = {}  # key -> (tokens, layer, the stream entering that layer)
+    def __init__(self, model: HookedTransformer, keep: bool = True):
+        self.model, self.keep = model, keep
+        self._kept: dict = {}  # key -> (tokens, layer, the stream entering that layer), on the CPU
+
+    def clear(self) -> None:
+        self._kept.clear()
 
     @torch.no_grad()
     def layer(self, key, tokens: torch.Tensor, layer: int, points: list[Point] = ()
@@ -132,15 +137,17 @@ class Streams:
         the stream leaving the block is kept in its place."""
         if any(at != layer for at, _ in points):
             raise ValueError(f"points {sorted(points)} are not all in layer {layer}")
-        tokens = tokens.to(self.model.cfg.device)
+        tokens = tokens.cpu()
+        device = self.model.cfg.device
         kept = self._kept.get(key)
         if kept is not None and kept[1] <= layer and torch.equal(kept[0], tokens):
-            start, x = kept[1], kept[2]
+            start, x = kept[1], kept[2].to(device)
         else:
-            start, x = 0, embed(self.model, tokens)
+            start, x = 0, embed(self.model, tokens.to(device))
         x, _ = blocks(self.model, x, start, layer)
         after, found = blocks(self.model, x, layer, layer + 1, points)
-        self._kept[key] = (tokens, layer + 1, after)
+        if self.keep:
+            self._kept[key] = (tokens, layer + 1, after.cpu())
         return x, found
 
 

@@ -94,8 +94,13 @@ class StageInputs:
         """The held-out rows' residual streams, kept between the layers this process's tasks
         analyse (`forward.Streams`): layers run here one after another (not on Ray, where
         each task reopens its inputs) each run one block per batch, not every block from
-        the embedding."""
+        the embedding. A stage frees them when it ends (`forget_streams`)."""
         return Streams(self.lm.model)
+
+    def forget_streams(self) -> None:
+        """Free the kept streams, if any were made: the next stage reads other rows."""
+        if "streams" in vars(self):
+            self.streams.clear()
 
     def folders(self) -> dict[str, str]:
         """Where each lives, for a worker to reopen them (`reopen`)."""
@@ -230,12 +235,13 @@ def layer_batches(model: HookedTransformer, rows: TokenRows, n_rows: int, saes: 
                   streams: Streams | None = None):
     """A callable giving a fresh pass of `LayerBatch`es over the first `n_rows` rows.
     `streams`: where the rows' residual streams are kept between layers (`forward.Streams`,
-    keyed by each batch's first row); by default the pass runs from the embedding."""
+    keyed by each batch's first row); by default every pass runs from the embedding and
+    nothing is kept."""
     layer, site = saes.layer, saes.input_site
     points = sorted({(layer, MLP_IN), (layer, OUTPUT_SITE), (layer, site)})
     check_points(model, points)
     eps = float(model.cfg.eps)
-    streams = Streams(model) if streams is None else streams
+    streams = Streams(model, keep=False) if streams is None else streams
 
     def batches():
         for part, tokens in rows.iter_batches(batch_rows, n_rows):

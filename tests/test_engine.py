@@ -328,3 +328,33 @@ def test_tasks_run_here_in_order_on_the_runtimes_threads():
     assert seen == [("inputs", 2, 1), ("inputs", 0, 1)]
     assert torch.get_num_threads() == before  # restored
     assert run_tasks(runtime, work, "inputs", [], "circuits") == [] and len(seen) == 2
+
+
+def test_a_table_stage_frees_the_kept_streams_when_it_ends_even_on_an_error(tmp_path):
+    from pipelines.runtime import Runtime
+    from pipelines.stages.base import Part, TableStage, ensure
+
+    class Work:
+        run, freed = RunPaths(tmp_path), 0
+
+        def forget_streams(self):
+            self.freed += 1
+
+    class Failing(TableStage):
+        name = "failing"
+
+        def parts(self, work, job, plan):
+            return [Part(0, "part", Stamp("failing", {}, {}), ("none",))]
+
+        def tasks(self, parts, plan, runtime):
+            from pipelines.engine.tasks import Task
+            return [Task("layer 0", None)]
+
+        def work(self, work, job, unit, threads):
+            raise ValueError("failed mid-stage")
+            yield
+
+    work = Work()
+    with pytest.raises(ValueError, match="failed mid-stage"):
+        ensure(Failing(), work, None, {}, Runtime(threads=1, device="cpu"))
+    assert work.freed == 1

@@ -118,3 +118,20 @@ def test_streams_resume_where_the_last_pass_of_a_batch_stopped(model, tokens, mo
     assert seen == [0]
     with pytest.raises(ValueError, match="not all in layer 0"):
         streams.layer("rows 0-2", tokens, 0, [(1, "mlp_out")])
+
+
+def test_streams_keep_nothing_when_asked_and_after_clear(model, tokens, monkeypatch):
+    seen = []
+    mlp = forward.mlp
+    monkeypatch.setattr(forward, "mlp", lambda m, layer, x: seen.append(layer) or mlp(m, layer, x))
+    points = lambda layer: [(layer, "mlp_out")]  # noqa: E731
+    once = forward.Streams(model, keep=False)
+    once.layer("rows", tokens, 0, points(0))
+    once.layer("rows", tokens, 1, points(1))
+    assert seen == [0, 0, 1]  # nothing kept: layer 1 ran from the embedding
+    seen.clear()
+    streams = forward.Streams(model)
+    streams.layer("rows", tokens, 0, points(0))
+    streams.clear()
+    streams.layer("rows", tokens, 1, points(1))
+    assert seen == [0, 0, 1]

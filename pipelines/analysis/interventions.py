@@ -86,7 +86,7 @@ class LayerCache:
               batch_rows: int = 32, streams: forward.Streams | None = None) -> "LayerCache":
         """The cache of layer `saes.layer` over the first `n_rows` rows; `streams` (keyed by
         each batch's first row) carries the rows' residual streams from an earlier layer's cache."""
-        streams = forward.Streams(model) if streams is None else streams
+        streams = forward.Streams(model, keep=False) if streams is None else streams
         layer, site = saes.layer, saes.input_site
         sae_in, sae_out = saes.sae_in.weights, saes.sae_out.weights
         parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("flat", "source", "z", "acts", "resid_pre", "tokens")}

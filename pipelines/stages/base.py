@@ -90,7 +90,10 @@ def ensure(stage: TableStage, work: StageInputs, job, plan: Plan, runtime: Runti
     stale = [part for part in stage.parts(work, job, plan) if not part.is_current(work.run, stage.name)]
     tasks = [Task(task.name, (stage, job, task.unit, runtime.threads), task.gpus)
              for task in stage.tasks(stale, plan, runtime)]
-    run_tasks(runtime, _run_task, work, tasks, stage.name)
+    try:
+        run_tasks(runtime, _run_task, work, tasks, stage.name)
+    finally:
+        work.forget_streams()
     return stage.result(work, job, plan, stale)
 
 
