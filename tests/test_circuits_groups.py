@@ -84,7 +84,7 @@ def test_every_split_of_a_reading_set_matches_its_definition():
     stats.update(z[:150], scale[:150], acts[:150])
     stats.update(z[150:], scale[150:], acts[150:])
     Qt = qt(mlp, basis, directions)
-    sides_a, sides_b, best = stats.best_splits(min_cell=1)
+    sides_a, sides_b, best = stats.best_splits()
     for row, (f, m) in enumerate(sets):
         real = [x for x in m if x >= 0]
         # the chosen groups, by definition
@@ -129,12 +129,46 @@ def test_a_planted_and_between_groups_is_the_best_split():
                                   members[0, i], members[0, j])
     stats = ReadSetStats(torch.tensor([0]), members, cross[None], 7)
     stats.update(z, torch.ones(T, dtype=F64), acts)
-    sides_a, sides_b, best = stats.best_splits(min_cell=20)
+    sides_a, sides_b, best = stats.best_splits()
     found = [{x for slot, x in enumerate(members[0].tolist()) if side[0] >> slot & 1} for side in (sides_a, sides_b)]
     assert sorted(found, key=min) == [{0, 1}, {2, 3, 4}]  # the distractors 5 and 6 left out
     scores = best.scores(20)
     assert float(scores["and_data"][0]) == pytest.approx(1.0)
     assert float(scores["contribution_share"][0]) == pytest.approx(1.0)
+
+
+def test_the_split_follows_the_cross_terms_when_a_cue_never_comes_without_its_context():
+    """Output = z_a (z_b + z_c): cue a never occurs without context b or c (the co-occurrence
+    of a real AND, which the truth table cannot read: its "a without context" cell is empty).
+    The best split is still {a} | {b, c}, where the cross terms carry all of the output. Chosen
+    by the truth table's gate_score, a distractor joined the cue instead, only because it
+    fills that empty cell."""
+    gen = torch.Generator().manual_seed(7)
+    d, T = 6, 3000
+    dirs = torch.eye(d, dtype=F64)
+    mlp = MLPWeights(W_gate=dirs[0][:, None], W_in=(dirs[1] + dirs[2])[:, None], W_out=dirs[:1],
+                     b_in=torch.zeros(1, dtype=F64), b_out=torch.zeros(d, dtype=F64), g=torch.ones(d, dtype=F64),
+                     eps=1e-5)
+    basis = input_basis(dirs[:4], torch.zeros(d, dtype=F64), None)  # inputs 0..3 along the axes, mlp_in
+    on = torch.zeros(T, 4, dtype=torch.bool)
+    context = torch.randint(0, 3, (T,), generator=gen)  # none, b or c
+    on[:, 1], on[:, 2] = context == 1, context == 2
+    on[:, 0] = (context > 0) & (torch.rand(T, generator=gen) < 0.5)  # the cue: only in a context
+    on[:, 3] = torch.rand(T, generator=gen) < 0.4  # a distractor
+    z = (0.5 + torch.rand(T, 4, generator=gen, dtype=F64)) * on
+    x = z @ dirs[:4]
+    acts = ((x @ mlp.W_gate) * (x @ mlp.W_in)).relu()
+    members = torch.tensor([[2, 0, 3, 1]])
+    i, j = pair_slots(4)
+    cross = 2 * pair_coefficients(mlp.W_gate, mlp.W_in, mlp.W_out, basis, dirs[:1], torch.zeros(len(i), dtype=torch.long),
+                                  members[0, i], members[0, j])
+    stats = ReadSetStats(torch.tensor([0]), members, cross[None], 4)
+    stats.update(z, torch.ones(T, dtype=F64), acts)
+    sides_a, sides_b, best = stats.best_splits()
+    found = [{x for slot, x in enumerate(members[0].tolist()) if side[0] >> slot & 1} for side in (sides_a, sides_b)]
+    assert sorted(found, key=min) == [{0}, {1, 2}]
+    assert float(best.contribution_share[0]) == pytest.approx(1.0)
+    assert best.cell_tokens[0, 1] == 0  # the truth table never saw the cue alone
 
 
 def test_reading_sets_are_bounded():
@@ -143,12 +177,12 @@ def test_reading_sets_are_bounded():
 
 
 def test_a_group_is_never_padding_alone():
-    """A set of three members in four slots, no usable split, cross terms that only take away:
+    """A set of three members in four slots, cross terms that only take away:
     each side still holds a member (the padding slot is no group)."""
     mlp, basis, directions, z, scale, acts = random_layer(3)
     members = torch.tensor([[0, 1, 2, -1]])
     stats = ReadSetStats(torch.tensor([0]), members, torch.tensor([[-1.0, -1.0, 0.0, -1.0, 0.0, 0.0]]), z.shape[1])
     stats.update(z, scale, acts)
-    sides_a, sides_b, _ = stats.best_splits(min_cell=10_000)  # nothing is usable
+    sides_a, sides_b, _ = stats.best_splits()
     for side in (int(sides_a[0]), int(sides_b[0])):
         assert side & 0b0111 and not side & 0b1000

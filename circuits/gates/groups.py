@@ -51,13 +51,19 @@ class GroupResult:
     act_sum: torch.Tensor  # f's summed activation (over its active tokens)
     n_active: torch.Tensor  # tokens where f is active
 
+    @property
+    def contribution_share(self) -> torch.Tensor:
+        """The cross terms' share of f's summed activation (NaN where f was never active)."""
+        return torch.where(self.act_sum != 0, self.contribution / self.act_sum,
+                           torch.full_like(self.contribution, float("nan")))
+
     def scores(self, min_cell: int) -> dict[str, torch.Tensor]:
         """`and_data`, `contribution_share`, `coactivation`, `gate_score` and cell means."""
         counts = self.cell_tokens
         means = cell_means(self.cell_sum, counts)
         and_data = and_from_cells(means)
         nan = torch.full_like(and_data, float("nan"))
-        share = torch.where(self.act_sum != 0, self.contribution / self.act_sum, nan)
+        share = self.contribution_share
         coactivation = torch.where(self.n_active > 0, self.cell_active[..., 0] / self.n_active.clamp_min(1), nan)
         score = gate_score(share, and_data, self.cell_active[..., 0], counts, min_cell)
         return {"and_data": and_data, "contribution_share": share, "coactivation": coactivation, "gate_score": score,
@@ -136,19 +142,22 @@ class ReadSetStats:
         pairs = self.count @ (bit[:, self.i] * bit[:, self.j])
         return single, pairs, self.count.sum(-1)
 
-    def best_splits(self, min_cell: int) -> tuple[torch.Tensor, torch.Tensor, GroupResult]:
+    def best_splits(self) -> tuple[torch.Tensor, torch.Tensor, GroupResult]:
         """The best groups of every set: its side A and side B as bit masks of its slots `[S]`
-        each, and their statistics. Every split of the set into two sides is scored (by
-        `gate_score`; by contribution share where none is usable); then members whose
-        leaving does not lower the score are left out, one at a time (an eigenvector also
-        reads, weakly, inputs that only interfere: a member stays only if it helps)."""
+        each, and their statistics. Every split of the set into two sides is scored by its
+        contribution share, the part of f's activation that the cross terms between the
+        sides carry; then members whose leaving does not lower the share are left out, one at
+        a time (an eigenvector also reads, weakly, inputs that only interfere: a member stays
+        only if it helps). The truth table's `gate_score` does not choose: it is a
+        correlation, and the cross terms are the AND itself (in the planted benchmark,
+        splits by gate_score put a member on the wrong side in two of three worlds)."""
         masks = splits(self.M).to(self.count.device)
         full = 2 ** self.M - 1
         S = self.count.shape[0]
         bits = 2 ** torch.arange(self.M, device=masks.device)
         real = ((self.members < self.n_in).long() * bits).sum(-1)  # [S]: the slots holding a member
         result = self._evaluate(masks[None, :], (full ^ masks)[None, :])  # the same splits for every set
-        key = self._key(result, min_cell)
+        key = self._key(result)
         # a side of padding only is no group
         key = torch.where(((masks[None, :] & real[:, None]) != 0) & (((full ^ masks)[None, :] & real[:, None]) != 0),
                           key, torch.full_like(key, float("-inf")))
@@ -158,7 +167,7 @@ class ReadSetStats:
         for _ in range(self.M):
             a = side_a[:, None] & ~bits  # [S, M]: each member left out of side A (or B)
             b = side_b[:, None] & ~bits
-            trial = self._key(self._evaluate(a, b), min_cell)
+            trial = self._key(self._evaluate(a, b))
             trial = torch.where((a != 0) & (b != 0) & ((side_a | side_b)[:, None] & bits != 0), trial,
                                 torch.full_like(trial, float("-inf")))
             score, leave = trial.max(-1)
@@ -195,14 +204,9 @@ class ReadSetStats:
                            self.sum.sum(-1, keepdim=True).expand(-1, K), self.active.sum(-1, keepdim=True).expand(-1, K))
 
     @staticmethod
-    def _key(result: GroupResult, min_cell: int) -> torch.Tensor:
-        """What the search maximises: usable gates by gate_score, ahead of every unusable one
-        (those by contribution share, below any usable gate)."""
-        scores = result.scores(min_cell)
-        # both kinds bounded, so that every usable key (from 900 up) exceeds every unusable one (at most 1)
-        usable = scores["gate_score"].clamp(-100.0, 100.0) + 1000.0
-        unusable = torch.nan_to_num(scores["contribution_share"], nan=-100.0).clamp(-100.0, 1.0)
-        return torch.where(torch.isfinite(scores["gate_score"]), usable, unusable)
+    def _key(result: GroupResult) -> torch.Tensor:
+        """What the search maximises: the contribution share (-100 where f was never active)."""
+        return torch.nan_to_num(result.contribution_share, nan=-100.0)
 
 
 class GroupStats:

@@ -135,7 +135,7 @@ def _read_set_stats(mlp: MLPWeights, basis, directions, sets: pd.DataFrame, widt
 def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFacts, cfg: VerdictConfig) -> pd.DataFrame:
     """The best split of each reading set, with the share of its cross terms that split
     member pairs carry."""
-    masks_a, masks_b, result = stats.best_splits(cfg.min_cell)
+    masks_a, masks_b, result = stats.best_splits()
     width = stats.M
     i, j = pair_slots(width)
     single, both, total = stats.coactive()
