@@ -26,7 +26,7 @@ def _sae(W_dec: torch.Tensor) -> SAEWeights:
                       b_dec=torch.zeros(d, dtype=F64))
 
 
-def test_orthogonal_latents_do_not_interfere_and_the_norm_rises_by_the_share_removed():
+def test_orthogonal_latents_do_not_interfere_and_the_norm_rises_by_what_is_removed_over_what_remains():
     r = torch.tensor([[3.0, 4.0, 0.0, 0.0]], dtype=F64)  # latents 3 and 4 along two axes
     found = bench.crowding(r, _sae(torch.eye(4, dtype=F64)), eps=0.0)
     assert found["L0"].tolist() == [2.0]
