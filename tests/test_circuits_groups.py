@@ -53,6 +53,20 @@ def check(result, i, expected):
         np.testing.assert_allclose(got, value, rtol=1e-10, atol=1e-10, err_msg=name)
 
 
+def best_groups(mlp, basis, direction, members: list[int], z, acts) -> tuple[list[set], object]:
+    """The best split of one reading set of output 0 (`direction [1, d]`) over tokens `z`:
+    its two groups, the one holding the smallest input first, and their statistics."""
+    members = torch.tensor([members])
+    i, j = pair_slots(members.shape[1])
+    cross = 2 * pair_coefficients(mlp.W_gate, mlp.W_in, mlp.W_out, basis, direction,
+                                  torch.zeros(len(i), dtype=torch.long), members[0, i], members[0, j])
+    stats = ReadSetStats(torch.tensor([0]), members, cross[None], z.shape[1])
+    stats.update(z, torch.ones(len(z), dtype=F64), acts)
+    sides_a, sides_b, best = stats.best_splits()
+    found = [{x for slot, x in enumerate(members[0].tolist()) if side[0] >> slot & 1} for side in (sides_a, sides_b)]
+    return sorted(found, key=min), best
+
+
 def test_group_stats_match_their_definitions():
     mlp, basis, directions, z, scale, acts = random_layer(0)
     n_in = z.shape[1]
@@ -123,15 +137,8 @@ def test_a_planted_and_between_groups_is_the_best_split():
     z = (0.5 + torch.rand(T, 7, generator=gen, dtype=F64)) * on
     x = z @ dirs[:7]
     acts = ((x @ p) * (x @ q))[:, None].relu()
-    members = torch.tensor([[5, 2, 0, 6, 3, 1, 4]])  # the reads, in no helpful order
-    i, j = pair_slots(7)
-    cross = 2 * pair_coefficients(mlp.W_gate, mlp.W_in, mlp.W_out, basis, dirs[:1], torch.zeros(len(i), dtype=torch.long),
-                                  members[0, i], members[0, j])
-    stats = ReadSetStats(torch.tensor([0]), members, cross[None], 7)
-    stats.update(z, torch.ones(T, dtype=F64), acts)
-    sides_a, sides_b, best = stats.best_splits()
-    found = [{x for slot, x in enumerate(members[0].tolist()) if side[0] >> slot & 1} for side in (sides_a, sides_b)]
-    assert sorted(found, key=min) == [{0, 1}, {2, 3, 4}]  # the distractors 5 and 6 left out
+    found, best = best_groups(mlp, basis, dirs[:1], [5, 2, 0, 6, 3, 1, 4], z, acts)  # the reads, in no helpful order
+    assert found == [{0, 1}, {2, 3, 4}]  # the distractors 5 and 6 left out
     scores = best.scores(20)
     assert float(scores["and_data"][0]) == pytest.approx(1.0)
     assert float(scores["contribution_share"][0]) == pytest.approx(1.0)
@@ -158,15 +165,8 @@ def test_the_split_follows_the_cross_terms_when_a_cue_never_comes_without_its_co
     z = (0.5 + torch.rand(T, 4, generator=gen, dtype=F64)) * on
     x = z @ dirs[:4]
     acts = ((x @ mlp.W_gate) * (x @ mlp.W_in)).relu()
-    members = torch.tensor([[2, 0, 3, 1]])
-    i, j = pair_slots(4)
-    cross = 2 * pair_coefficients(mlp.W_gate, mlp.W_in, mlp.W_out, basis, dirs[:1], torch.zeros(len(i), dtype=torch.long),
-                                  members[0, i], members[0, j])
-    stats = ReadSetStats(torch.tensor([0]), members, cross[None], 4)
-    stats.update(z, torch.ones(T, dtype=F64), acts)
-    sides_a, sides_b, best = stats.best_splits()
-    found = [{x for slot, x in enumerate(members[0].tolist()) if side[0] >> slot & 1} for side in (sides_a, sides_b)]
-    assert sorted(found, key=min) == [{0}, {1, 2}]
+    found, best = best_groups(mlp, basis, dirs[:1], [2, 0, 3, 1], z, acts)
+    assert found == [{0}, {1, 2}]
     assert float(best.contribution_share[0]) == pytest.approx(1.0)
     assert best.cell_tokens[0, 1] == 0  # the truth table never saw the cue alone
 
