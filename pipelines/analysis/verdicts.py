@@ -9,7 +9,8 @@ Pairs are every candidate of the `gates` table. Groups (`circuits.gates.groups`)
 per output from what the corpus and the weights give:
 - `eigen`: each of the output's `n_eigen` eigenvectors carrying most of its activation
   (`eigen.activation_share`) reads inputs (`eigen_inputs`, |cosine| >= `min_cosine`, at most
-  `max_members`); their best split into two groups is found on held-out tokens;
+  `max_members`); their split into two groups whose cross terms carry most of the output's
+  activation is found on held-out tokens;
 - `labels`: the inputs mainly in one label class form a group: at least `label_share` of the
   input's activation falls on the class's tokens, at least `label_lift` times the class's
   share of all tokens (`feature_labels`; the features' own label rule, channel by channel,
