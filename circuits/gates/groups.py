@@ -156,8 +156,7 @@ class ReadSetStats:
         S = self.count.shape[0]
         bits = 2 ** torch.arange(self.M, device=masks.device)
         real = ((self.members < self.n_in).long() * bits).sum(-1)  # [S]: the slots holding a member
-        result = self._evaluate(masks[None, :], (full ^ masks)[None, :])  # the same splits for every set
-        key = self._key(result)
+        key = self._key(masks[None, :], (full ^ masks)[None, :])  # the same splits for every set
         # a side of padding only is no group
         key = torch.where(((masks[None, :] & real[:, None]) != 0) & (((full ^ masks)[None, :] & real[:, None]) != 0),
                           key, torch.full_like(key, float("-inf")))
@@ -167,7 +166,7 @@ class ReadSetStats:
         for _ in range(self.M):
             a = side_a[:, None] & ~bits  # [S, M]: each member left out of side A (or B)
             b = side_b[:, None] & ~bits
-            trial = self._key(self._evaluate(a, b))
+            trial = self._key(a, b)
             trial = torch.where((a != 0) & (b != 0) & ((side_a | side_b)[:, None] & bits != 0), trial,
                                 torch.full_like(trial, float("-inf")))
             score, leave = trial.max(-1)
@@ -188,25 +187,32 @@ class ReadSetStats:
         codes = torch.arange(2 ** self.M, device=side_a.device)
         on_a = (codes & side_a[..., None]) != 0  # [S or 1, K, 2^M]
         on_b = (codes & side_b[..., None]) != 0
-        slots = torch.arange(self.M, device=side_a.device)
-        in_a, in_b = (side_a[..., None] >> slots) & 1 == 1, (side_b[..., None] >> slots) & 1 == 1  # [S or 1, K, M]
-        cut = ((in_a[..., self.i] & in_b[..., self.j]) | (in_b[..., self.i] & in_a[..., self.j])).double()
         cells = [on_a & on_b, on_a & ~on_b, ~on_a & on_b, ~on_a & ~on_b]
-        def apply(mask: torch.Tensor, stat: torch.Tensor) -> torch.Tensor:  # [S or 1, K, C], [S, C] -> [S, K]
-            if mask.shape[0] == 1:  # the same gates for every set: one product, nothing of size S * K * C
-                return stat @ mask[0].double().T
-            return torch.einsum("skc,sc->sk", mask.double(), stat)
-
-        per_cell = lambda stat: torch.stack([apply(c, stat) for c in cells], -1)  # noqa: E731
+        per_cell = lambda stat: torch.stack([_apply(c, stat) for c in cells], -1)  # noqa: E731
         K = side_a.shape[1]
-        return GroupResult(per_cell(self.count), per_cell(self.sum), per_cell(self.active),
-                           apply(cut, self.contribution),
+        return GroupResult(per_cell(self.count), per_cell(self.sum), per_cell(self.active), self._cross(side_a, side_b),
                            self.sum.sum(-1, keepdim=True).expand(-1, K), self.active.sum(-1, keepdim=True).expand(-1, K))
 
-    @staticmethod
-    def _key(result: GroupResult) -> torch.Tensor:
-        """What the search maximises: the contribution share (-100 where f was never active)."""
-        return torch.nan_to_num(result.contribution_share, nan=-100.0)
+    def _cross(self, side_a: torch.Tensor, side_b: torch.Tensor) -> torch.Tensor:
+        """`[S, K]`: the summed cross terms between sides A and B (as in `_evaluate`)."""
+        slots = torch.arange(self.M, device=side_a.device)
+        in_a, in_b = (side_a[..., None] >> slots) & 1 == 1, (side_b[..., None] >> slots) & 1 == 1  # [S or 1, K, M]
+        cut = (in_a[..., self.i] & in_b[..., self.j]) | (in_b[..., self.i] & in_a[..., self.j])
+        return _apply(cut, self.contribution)
+
+    def _key(self, side_a: torch.Tensor, side_b: torch.Tensor) -> torch.Tensor:
+        """What the search maximises, `[S, K]`: the contribution share of the gates between
+        sides A and B (`GroupResult.contribution_share`; -100 where f was never active),
+        without the truth tables `_evaluate` would also build."""
+        total = self.sum.sum(-1, keepdim=True)
+        return torch.where(total != 0, self._cross(side_a, side_b) / total, -100.0)
+
+
+def _apply(mask: torch.Tensor, stat: torch.Tensor) -> torch.Tensor:
+    """`[S, K]`: per set and gate, `stat [S, C]` summed over the C entries `mask [S or 1, K, C]` holds."""
+    if mask.shape[0] == 1:  # the same gates for every set: one product, nothing of size S * K * C
+        return stat @ mask[0].double().T
+    return torch.einsum("skc,sc->sk", mask.double(), stat)
 
 
 class GroupStats:
