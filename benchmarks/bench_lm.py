@@ -11,7 +11,8 @@ For each preset, on random tokens and the same weights, two jobs:
   TransformerLens's hooks (`run_with_hooks`, as it did before), neither unembedding.
 
 The two take turns in rounds, so load from other processes slows both alike; the last
-column is the ratio of their times.
+column is the ratio of their times. A second table times our training step in float32
+against bfloat16 autocast (`LMTrainConfig.autocast`), taking turns the same way.
 """
 
 import argparse
@@ -24,16 +25,18 @@ from circuits import forward
 from circuits.sites import MLP_OUT, RESID_MID, hook_name
 from pipelines.lm.model import PRESETS, build_model
 from pipelines.lm.training import LMTrainConfig
+from sae.activations import autocast, native_bf16
 
 ROUNDS = 3
 
 
-def _training_step(model, tokens: torch.Tensor, plain: bool) -> Callable[[], None]:
+def _training_step(model, tokens: torch.Tensor, plain: bool, precision: str = "none") -> Callable[[], None]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def step() -> None:
         if plain:
-            loss = forward.next_token_loss(forward.run(model, tokens)[0], tokens).mean()
+            with autocast(precision, "cpu"):
+                loss = forward.next_token_loss(forward.run(model, tokens)[0], tokens).mean()
         else:
             loss = model(tokens, return_type="loss")
         opt.zero_grad(set_to_none=True)
@@ -76,19 +79,32 @@ def main() -> None:
     batch = LMTrainConfig().batch_size
     print(f"torch {torch.__version__}, {args.threads} threads, batch {batch} rows, {ROUNDS} rounds of {args.steps} steps")
     print(f"{'preset':6s} {'job':11s} {'TransformerLens tok/s':>22s} {'plain tok/s':>12s} {'speed-up':>8s}")
-    for name in args.presets.split(","):
-        cfg = PRESETS[name].replace(d_vocab=args.vocab)
-        tokens = torch.randint(0, cfg.d_vocab, (batch, cfg.n_ctx), generator=torch.Generator().manual_seed(0))
+    presets = {name: PRESETS[name].replace(d_vocab=args.vocab) for name in args.presets.split(",")}
+    tokens = {name: torch.randint(0, cfg.d_vocab, (batch, cfg.n_ctx), generator=torch.Generator().manual_seed(0))
+              for name, cfg in presets.items()}
+    for name, cfg in presets.items():
         for job, make in (("training", _training_step), ("activations", _activations)):
-            jobs = {plain: make(build_model(cfg, seed=0), tokens, plain) for plain in (False, True)}
-            seconds = dict.fromkeys(jobs, 0.0)
-            for job_fn in jobs.values():
-                job_fn()  # the first step allocates
-            for _ in range(ROUNDS):
-                for plain, job_fn in jobs.items():
-                    seconds[plain] += _time(job_fn, args.steps)
-            rate = {plain: ROUNDS * args.steps * tokens.numel() / s for plain, s in seconds.items()}
-            print(f"{name:6s} {job:11s} {rate[False]:22,.0f} {rate[True]:12,.0f} {seconds[False] / seconds[True]:7.2f}x")
+            rate, ratio = _rounds({plain: make(build_model(cfg, seed=0), tokens[name], plain) for plain in (False, True)},
+                                  tokens[name].numel(), args.steps)
+            print(f"{name:6s} {job:11s} {rate[False]:22,.0f} {rate[True]:12,.0f} {ratio:7.2f}x")
+    print(f"\nour training step by precision (bf16 native here: {native_bf16('cpu')})")
+    print(f"{'preset':6s} {'float32 tok/s':>14s} {'bf16 tok/s':>11s} {'speed-up':>8s}")
+    for name, cfg in presets.items():
+        rate, ratio = _rounds({p: _training_step(build_model(cfg, seed=0), tokens[name], True, p) for p in ("none", "bf16")},
+                              tokens[name].numel(), args.steps)
+        print(f"{name:6s} {rate['none']:14,.0f} {rate['bf16']:11,.0f} {ratio:7.2f}x")
+
+
+def _rounds(jobs: dict, n_tokens: int, steps: int) -> tuple[dict, float]:
+    """Tokens per second of each of two jobs, run in turns, and the first's time over the second's."""
+    seconds = dict.fromkeys(jobs, 0.0)
+    for job_fn in jobs.values():
+        job_fn()  # the first step allocates
+    for _ in range(ROUNDS):
+        for key, job_fn in jobs.items():
+            seconds[key] += _time(job_fn, steps)
+    first, second = seconds.values()
+    return {key: ROUNDS * steps * n_tokens / s for key, s in seconds.items()}, first / second
 
 
 if __name__ == "__main__":

@@ -70,7 +70,14 @@ def attention(model: HookedTransformer, layer: int, h: torch.Tensor) -> torch.Te
     b = torch.stack([attn.b_Q, attn.b_K, attn.b_V]).reshape(-1)
     q, k, v = F.linear(h, w.t(), b).view(batch, pos, 3, n_heads, d_head).permute(2, 0, 3, 1, 4)
     cos, sin = attn.rotary_cos[:pos], attn.rotary_sin[:pos]
-    z = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v, is_causal=True)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    if h.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        # a CPU's fused attention runs its backward pass in bfloat16 twice as slowly as in float32
+        # (benchmarks/bench_lm.py --autocast bf16): under autocast only the products around it gain
+        with torch.autocast("cpu", enabled=False):
+            z = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    else:
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return F.linear(z.transpose(1, 2).reshape(batch, pos, -1), attn.W_O.reshape(-1, d_model).t(), attn.b_O)
 
 

@@ -21,10 +21,31 @@ if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
 
 
+PRECISIONS = ("none", "bf16", "auto")  # of `autocast`
+
+
+def native_bf16(device: str) -> bool:
+    """Whether `device` multiplies bfloat16 matrices in hardware: a CUDA GPU that supports
+    it, or a CPU with AVX512-BF16 or AMX (as oneDNN reports). Elsewhere bfloat16 products
+    are emulated, slower than float32."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # not public API: absent means no
+    return kind == "cpu" and torch.backends.mkldnn.is_available() and supported is not None and bool(supported())
+
+
+def resolve_precision(kind: str, device: str) -> str:
+    """What `kind` ("none", "bf16" or "auto": bf16 where `native_bf16`) means on `device`."""
+    if kind not in PRECISIONS:
+        raise ValueError(f"unknown precision {kind!r}; choose from {', '.join(PRECISIONS)}")
+    return ("bf16" if native_bf16(device) else "none") if kind == "auto" else kind
+
+
 def autocast(kind: str, device: str):
-    """A bfloat16 autocast context for model forward passes on `device` when `kind` is
-    "bf16" (meant for GPUs; it runs on a CPU too), else nothing."""
-    if kind == "bf16":
+    """A bfloat16 autocast context for model passes on `device` when `kind` resolves to
+    "bf16" (`resolve_precision`), else nothing."""
+    if resolve_precision(kind, device) == "bf16":
         return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 

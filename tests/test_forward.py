@@ -82,6 +82,18 @@ def test_bf16_autocast_runs_as_transformer_lens_does(tokens):
     torch.testing.assert_close(logits.float(), expected.float(), rtol=0.02, atol=0.02 * float(expected.detach().abs().max()))
 
 
+def test_attention_runs_in_float32_under_cpu_autocast(model, tokens, monkeypatch):
+    seen = []
+    sdpa = forward.F.scaled_dot_product_attention
+    monkeypatch.setattr(forward.F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append((q.dtype, k.dtype, v.dtype, torch.is_autocast_enabled("cpu")))
+                        or sdpa(q, k, v, **kw))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, _ = forward.run(model, tokens)
+    assert logits.dtype == torch.bfloat16  # the products around it are bf16
+    assert seen and all(s == (torch.float32,) * 3 + (False,) for s in seen)
+
+
 @pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated")  # TransformerLens 3.9's, for any model
 @pytest.mark.parametrize("change", [{"rotary_adjacent_pairs": True}, {"normalization_type": "LN"},
                                     {"act_fn": "gelu"}, {"parallel_attn_mlp": True}])

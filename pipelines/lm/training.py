@@ -27,7 +27,7 @@ from pipelines.data.tokens import TokenRows
 from pipelines.engine.files import atomic_file
 from pipelines.engine.paths import ModelPaths
 from pipelines.lm.model import ModelConfig, build_model, save_model
-from sae.activations import autocast
+from sae.activations import PRECISIONS, autocast
 
 if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
@@ -48,8 +48,9 @@ class LMTrainConfig(Config):
     eval_rows: int = option(64, "held-out rows per evaluation", low=1)
     checkpoint_every: int = option(50, "steps between resumable checkpoints (a kill loses at most this many)", low=1, runtime=True)
     seed: int = seed_option("seed of the weight initialisation and the data order")
-    autocast: str = option("none", "mixed precision of forward passes: none, or bf16 (GPUs; runs on CPU too)",
-                           choices=("none", "bf16"), runtime=True)
+    autocast: str = option("auto", "precision of the training passes' products: none (float32), bf16 (bfloat16 "
+                           "autocast; weights, optimiser and held-out losses stay float32) or auto (bf16 where the "
+                           "device multiplies bfloat16 in hardware)", choices=PRECISIONS, runtime=True)
 
     def n_steps(self, n_ctx: int) -> int:
         return max(1, self.train_tokens // (self.batch_size * n_ctx))
@@ -66,17 +67,16 @@ def lr_at(step: int, n_steps: int, cfg: LMTrainConfig) -> float:
 
 
 @torch.no_grad()
-def held_out_loss(model: HookedTransformer, rows: TokenRows, n_rows: int, batch_size: int,
-                  precision: str = "none") -> float:
-    """Mean next-token cross-entropy (nats) over the first `n_rows` held-out rows."""
+def held_out_loss(model: HookedTransformer, rows: TokenRows, n_rows: int, batch_size: int) -> float:
+    """Mean next-token cross-entropy (nats) over the first `n_rows` held-out rows, in float32
+    whatever the training's precision: the model every later stage reads."""
     was_training = model.training
     model.eval()
     device = model.cfg.device
     total, count = 0.0, 0
     for _, batch in rows.iter_batches(batch_size, n_rows):
         batch = batch.to(device)
-        with autocast(precision, device):
-            loss = forward.next_token_loss(forward.run(model, batch)[0], batch)
+        loss = forward.next_token_loss(forward.run(model, batch)[0], batch)
         total += float(loss.float().sum())
         count += loss.numel()
     model.train(was_training)
@@ -148,7 +148,7 @@ def train_lm(
         if step % cfg.eval_every == 0 or step == n_steps:
             tok_s = tokens_since / (time.perf_counter() - t0)
             entry = {"step": step, "tokens": step * cfg.batch_size * train.n_ctx, "train_loss": loss.item(),
-                     "held_out_loss": held_out_loss(model, held_out, cfg.eval_rows, cfg.batch_size, cfg.autocast),
+                     "held_out_loss": held_out_loss(model, held_out, cfg.eval_rows, cfg.batch_size),
                      "lr": lr_at(step - 1, n_steps, cfg), "tokens_per_s": tok_s}
             log.append(entry)
             bar.set_postfix(loss=f"{entry['train_loss']:.3f}", held_out=f"{entry['held_out_loss']:.3f}",

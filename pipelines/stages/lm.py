@@ -22,6 +22,7 @@ from pipelines.jobs import LMJob
 from pipelines.lm.behaviour import lexicon_accuracy
 from pipelines.lm.training import held_out_loss, train_lm
 from pipelines.runtime import Runtime
+from sae.activations import resolve_precision
 from pipelines.stages.tokens import ensure_tokens
 
 
@@ -66,7 +67,8 @@ def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force
         store = ensure_tokens(run, source, tok, job.model.n_ctx, job.corpus)
         model_cfg = job.model.replace(d_vocab=tok.get_vocab_size())
         model, log = train_lm(model_cfg, store.train, store.held_out, job.train, lm, runtime.device)
-        summary = _summarise_lm(model, store, log, job)
+        summary = {**_summarise_lm(model, store, log, job),
+                   "train_precision": resolve_precision(job.train.autocast, runtime.device)}
     write_json(files.train_config, job.train.to_json())
     write_json(files.summary, summary)
     np.save(files.token_counts, store.token_counts())
@@ -80,7 +82,7 @@ def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force
 
 def _summarise_lm(model, store: TokenStore, log: pd.DataFrame, job: LMJob) -> dict:
     """Held-out loss in nats and bits per byte, the unigram entropy, speed and behaviour."""
-    loss = held_out_loss(model, store.held_out, min(len(store.held_out), 256), job.train.batch_size, job.train.autocast)
+    loss = held_out_loss(model, store.held_out, min(len(store.held_out), 256), job.train.batch_size)
     summary = {
         "held_out_loss": loss,
         "bits_per_byte": bits_per_byte(loss, store.bytes_per_token()),
