@@ -8,7 +8,8 @@ Runs the demo's stages (corpus, train-lm, train-saes, circuits, features, verdic
 explorer) with the demo's settings (`--quick`: `DemoConfig.small()`) into a fresh run
 directory (`--from RUN`: starting from the corpus, LM and SAEs of a finished run). Each stage runs in its own process, the stages before it reused from their stamps
 and left out of its time. Before each stage the process measures this machine's matmul rate
-(float32 products of square matrices, on `--threads` threads) and its disk write rate
+(float32 products of square matrices, on `--threads` threads; bfloat16 ones before a stage
+whose products run in bfloat16, the LM's training where the hardware has it) and its disk write rate
 (a file written and synced), so that a floor and a time are taken under the same load.
 
 A stage's floor is the floating-point work it cannot avoid divided by the matmul rate (model
@@ -55,13 +56,13 @@ SAMPLE_S = 0.02
 # ------------------------------------------------------------------ measuring the machine
 
 
-def matmul_rate(threads: int, seconds: float = 1.0, n: int = 1024) -> tuple[float, float]:
-    """float32 flop/s of `n x n` matrix products on `threads` threads, per second of wall
+def matmul_rate(threads: int, seconds: float = 1.0, n: int = 1024, dtype: str = "float32") -> tuple[float, float]:
+    """flop/s of `n x n` matrix products in `dtype` on `threads` threads, per second of wall
     time and per second of this process's CPU time (the best of a few tries each)."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     a @ b
     wall = cpu = 0.0
     for _ in range(3):
@@ -312,7 +313,11 @@ def child(args) -> None:
     chain = Chain(Path(args.out), args.quick, args.seed, args.threads)
     call = chain.upto(args.child)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (rate, cpu_rate), disk = matmul_rate(args.threads), disk_rate(Path(args.out))
+    # a stage whose products run in bfloat16 (the LM's training, where the hardware has it) is
+    # held to the bfloat16 rate: the float32 one would put its floor above what it can reach
+    dtype = "bfloat16" if args.child == "train-lm" and lm_precision(chain.cfg, chain.runtime.device) == "bf16" \
+        else "float32"
+    (rate, cpu_rate), disk = matmul_rate(args.threads, dtype=dtype), disk_rate(Path(args.out))
     before = folder_bytes(Path(args.out))
     # the libraries' imports are no stage's work, wherever a code tree happens to import them
     import sae_lens  # noqa: F401
@@ -330,7 +335,7 @@ def child(args) -> None:
     flops = stage_flops(args.child, chain.cfg, m) if m is not None else 0.0
     result = {"stage": args.child, "seconds": seconds, "cpu": cpu, "flops": flops, "bytes": written, "rate": rate, "disk": disk,
               "floor": flops / rate + written / disk, "cpu_rate": cpu_rate, "cpu_floor": flops / cpu_rate + written / disk, "profile": sampler.top(args.profile_lines),
-              "load": os.getloadavg()[0]}
+              "load": os.getloadavg()[0], "dtype": dtype}
     if args.child == "explorer":
         result["quality"] = chain.quality()
     if m is not None:
@@ -339,6 +344,15 @@ def child(args) -> None:
     with open(Path(args.out) / "bench-stages.jsonl", "a") as log:  # kept if the parent is stopped
         log.write(json.dumps(result) + "\n")
     print("BENCH " + json.dumps(result), flush=True)
+
+
+def lm_precision(cfg, device: str) -> str:
+    """The precision a code tree trains the demo's LM in: "none" (float32) or "bf16"."""
+    try:
+        from sae.activations import resolve_precision
+    except ImportError:  # a tree from before `--autocast auto`
+        return cfg.lm.train.autocast
+    return resolve_precision(cfg.lm.train.autocast, device)
 
 
 def paper_flops(cfg, demo_model) -> dict:
@@ -380,6 +394,9 @@ def table(results: list[dict]) -> str:
     total, floor = sum(r["seconds"] for r in results), sum(r["floor"] for r in results)
     cpu, cpu_floor = sum(r["cpu"] for r in results), sum(r["cpu_floor"] for r in results)
     lines.append(f"{'total':<11} {total:8.1f} {floor:8.2f} {total / floor:8.1f} {cpu:7.1f} {cpu / cpu_floor:6.1f}")
+    low = [r["stage"] for r in results if r.get("dtype", "float32") != "float32"]
+    if low:
+        lines.append(f"({', '.join(low)}: products in bfloat16, floor and GFLOP/s at the bfloat16 matmul rate)")
     return "\n".join(lines)
 
 
@@ -388,18 +405,22 @@ def projection(results: list[dict]) -> str:
     ratio to its floor (the others at their floor), and on one H100 at its floor."""
     paper = results[-1]["paper"]
     cores = os.cpu_count() or 1
-    rate = max(r["cpu_rate"] for r in results) * cores
+    rate = max(r["cpu_rate"] for r in results if r.get("dtype", "float32") == "float32") * cores
+    # each stage at the rate of the precision it ran in (the LM's training may be bfloat16)
+    rates = {stage: rate for stage in paper} | {r["stage"]: r["cpu_rate"] * cores for r in results
+                                                if r.get("dtype", "float32") != "float32"}
     ratio = {r["stage"]: max(1.0, r["cpu"] / r["cpu_floor"]) for r in results if r["flops"]}
-    floor = sum(paper.values()) / rate
-    here = sum(flops / rate * ratio.get(stage, 1.0) for stage, flops in paper.items())
-    without_lm = here - paper["train-lm"] / rate * ratio.get("train-lm", 1.0)
+    floor = sum(flops / rates[stage] for stage, flops in paper.items())
+    here = sum(flops / rates[stage] * ratio.get(stage, 1.0) for stage, flops in paper.items())
+    without_lm = here - paper["train-lm"] / rates["train-lm"] * ratio.get("train-lm", 1.0)
     gpu = sum(paper.values()) / H100_RATE
     by_stage = ", ".join(f"{s} {paper[s] / 1e15:.2f}" for s in STAGES if paper[s])
     at = ", ".join(f"{s} {r:.1f}x" for s, r in ratio.items())
     return (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, "
             f"{PAPER_SAE_TOKENS / 1e6:.0f}M tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: "
             f"{by_stage}):\n"
-            f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best rate per CPU second): "
+            f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best float32 rate per CPU "
+            f"second{', the LM at its bfloat16 rate' if rates['train-lm'] != rate else ''}): "
             f"floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at their floor) "
             f"{here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training the LM\n"
             f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, "
