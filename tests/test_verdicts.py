@@ -84,10 +84,11 @@ def ablation_rows(keys: dict, drop_a: float, drop_b: float) -> list[dict]:
             for ablated, drop in (("a", drop_a), ("b", drop_b), ("both", 1.0))]
 
 
-def verdict_of(pairs, ablation, labels=None, boost=None, cfg=CFG, tags=(NEGATION_GATE,)) -> pd.Series:
+def verdict_of(pairs, ablation, labels=None, boost=None, cfg=CFG, tags=(NEGATION_GATE,), chosen=frozenset()
+               ) -> pd.Series:
     frame = verdict_rows(rank_pairs(pd.DataFrame(pairs), facts(labels=labels, boost=boost), cfg),
                          pd.DataFrame(columns=["out_feature", "circuit_rank"]), pd.DataFrame(ablation), None,
-                         facts(labels=labels, boost=boost), cfg, tags)
+                         facts(labels=labels, boost=boost), cfg, tags, chosen)
     return frame.set_index("out_feature").iloc[0]
 
 
@@ -103,14 +104,17 @@ def test_a_clean_and_is_called_an_and():
 @pytest.mark.parametrize("change, reason", [
     ({"gate_type": "additive"}, "interventions: additive; model run: removing a keeps 10%"),
     ({"drop_a": 0.2}, "not confirmed: model run removing a keeps 80%"),
-    ({"no_ablation": True}, "not ablated"),
+    ({"no_ablation": True}, "not ablated in the model"),
+    ({"no_ablation": True, "chosen": True}, "not ablated in the model: no confirmation token"),
     ({"gate_type": "untested"}, "untested"),
 ])
 def test_what_fails_is_named(change, reason):
     keys = {"out_feature": 7, "in_a": 1, "in_b": 6}
     ablation = [] if change.get("no_ablation") else ablation_rows(keys, change.get("drop_a", 0.9), 0.8)
-    v = verdict_of([gate(7, 1, 6, 0.3, gate_type=change.get("gate_type", "and"))], ablation)
+    chosen = frozenset({("pair", 7, 1, 6)}) if change.get("chosen") else frozenset()
+    v = verdict_of([gate(7, 1, 6, 0.3, gate_type=change.get("gate_type", "and"))], ablation, chosen=chosen)
     assert not v["is_and"] and reason in v["verdict"]
+    assert ("no confirmation token" in v["verdict"]) == bool(change.get("chosen"))
 
 
 @pytest.mark.parametrize("labels, boost, expected", [

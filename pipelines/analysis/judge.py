@@ -17,7 +17,7 @@ from pipelines.analysis.ablation import confirm
 from pipelines.analysis.group_gates import group_tables
 from pipelines.analysis.interventions import (LayerCache, columns_of, intervention_columns, pruned_groups,
                                               ranking_entries, retested, side_lists)
-from pipelines.analysis.verdicts import (CIRCUIT_SIDES, InputFacts, VerdictConfig, pair_candidates,
+from pipelines.analysis.verdicts import (CIRCUIT_SIDES, InputFacts, VerdictConfig, ablation_key, pair_candidates,
                                          pair_split_evidence, rank, to_ablate, verdict_rows)
 from pipelines.data.tags import GateTag
 from pipelines.data.tokens import TokenRows
@@ -69,10 +69,11 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 
     first = verdict_rows(pairs, group_gates, None, None, facts, cfg, tags)
-    ablated = {}
+    ablated, tried = {}, set()
     for kind, table, key in (("pair", "gate_ablation", ("in_a", "in_b")),
                              ("group", "group_ablation", ("group_a", "group_b"))):
         chosen = to_ablate(first, kind, cfg.n_ablate, tags) if len(first) else first
+        tried.update(ablation_key(r) for r in chosen.to_dict("records"))
         a, b = CIRCUIT_SIDES[kind]
         sides = Sides.of_groups(chosen["out_feature"].astype(int).tolist(),
                                 [list(m) for m in chosen[a]], [list(m) for m in chosen[b]]) \
@@ -81,7 +82,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         frame = confirm(model, cache, saes, mlp, sides, names, boosted=boosted, max_tokens=cfg.ablate_tokens,
                         seed=cfg.seed)
         ablated[table] = frame.assign(**keys) if len(frame) else TABLES[table].empty()
-    verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg, tags)
+    verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg, tags,
+                            frozenset(tried))
     # a verdict row carries its candidate's working columns (ranks, cross terms): keep the table's; a layer
     # without verdicts has the tags' columns too, or a reader of every layer's files could drop them
     table = TABLES["gate_verdicts"].schema_with(tag.column for tag in tags)

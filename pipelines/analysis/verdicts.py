@@ -295,12 +295,17 @@ def truth_verdict(both: float, apart: float, and_data: float, cfg: VerdictConfig
     return f"needs both inputs (and_data {and_data:.2f})", True
 
 
-def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig) -> tuple[str, bool]:
-    """The verdict from the interventions' gate type and the model-run ablation's drops."""
+def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig, chosen: bool = False
+            ) -> tuple[str, bool]:
+    """The verdict from the interventions' gate type and the model-run ablation's drops;
+    `chosen`: the candidate was chosen for the ablation (without drops, it found no tokens)."""
     if not isinstance(gate_type, str) or gate_type == "untested":
         return "untested: no ranking token with both sides on and the output active", False
     said = f"interventions: {gate_type}"
     if np.isnan(drop_a) or np.isnan(drop_b):
+        if chosen:
+            return (f"{said}; not ablated in the model: no confirmation token (the ranking's held-out share) has "
+                    "both sides on and the output active"), False
         return f"{said}; not ablated in the model", False
     kept = f"removing a keeps {1 - drop_a:.0%}, b {1 - drop_b:.0%}"
     if gate_type != "and":
@@ -335,9 +340,10 @@ VERDICT_KEYS = ["layer", "outputs", "input_site", "out_feature"]
 
 def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.DataFrame | None,
                  group_ablation: pd.DataFrame | None, facts: InputFacts, cfg: VerdictConfig,
-                 tags: tuple[GateTag, ...] = ()) -> pd.DataFrame:
+                 tags: tuple[GateTag, ...] = (), chosen: frozenset = frozenset()) -> pd.DataFrame:
     """The `gate_verdicts` rows: the ranked pairs and group gates (`circuit_rank` not null),
-    with a column for each of `tags` (the corpus's gate tags whose channels its labels carry)."""
+    with a column for each of `tags` (the corpus's gate tags whose channels its labels carry).
+    `chosen`: the candidates chosen for the model-run ablation, as `ablation_key`s."""
     frames = []
     pairs = pairs[pairs["circuit_rank"].notna()] if len(pairs) else pairs
     if len(pairs):
@@ -359,7 +365,8 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
     for r in rows.to_dict("records"):
         apart = min(_num(r.get("n_a_only")), _num(r.get("n_b_only")))
         truth, truth_and = truth_verdict(r.get("n_both"), apart, _num(r.get("and_data")), cfg)
-        text, is_and = verdict(r.get("gate_type"), _num(r.get("drop_a")), _num(r.get("drop_b")), cfg)
+        text, is_and = verdict(r.get("gate_type"), _num(r.get("drop_a")), _num(r.get("drop_b")), cfg,
+                               ablation_key(r) in chosen)
         f = int(r["out_feature"])
         describe = lambda members: "; ".join(f"#{m} {facts.descriptions.get(('in', m), '')}".strip()  # noqa: E731
                                              for m in members)
@@ -377,6 +384,12 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
         if column in frame:
             frame[column] = frame[column].astype("Int64")
     return frame
+
+
+def ablation_key(row: dict) -> tuple:
+    """A candidate's kind, output and sides' names (a pair's inputs, a group gate's groups)."""
+    a, b = ("in_a", "in_b") if row["kind"] == "pair" else ("group_a", "group_b")
+    return row["kind"], int(row["out_feature"]), int(row[a]), int(row[b])
 
 
 def _num(value) -> float:
