@@ -9,13 +9,16 @@ import pandas as pd
 from pipelines.data.tags import present_tags, tagged
 from pipelines.schemas import GATE_TAGS
 
+PRECISION_NAMES = {"none": "float32", "bf16": "bfloat16 autocast"}
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
 
 
 def lm(summary: dict) -> None:
     """The model's held-out loss, its unigram baseline, speed and, with a lexicon, its behaviour."""
     print(f"held-out loss {summary['held_out_loss']:.3f} nats, {summary['bits_per_byte']:.3f} bits per byte; "
-          f"unigram entropy {summary['unigram_entropy']:.3f} nats; {summary['tokens_per_s']:,.0f} tokens/s")
+          f"unigram entropy {summary['unigram_entropy']:.3f} nats; {summary['tokens_per_s']:,.0f} tokens/s"
+          + (f" (trained in {PRECISION_NAMES.get(summary['train_precision'], summary['train_precision'])})"
+             if "train_precision" in summary else ""))
     if "negated_accuracy" in summary:
         print(f"class of the next lexicon word predicted right: plain {summary['plain_accuracy']:.1%}, "
               f"after a negation {summary['negated_accuracy']:.1%}")

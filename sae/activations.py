@@ -25,14 +25,18 @@ PRECISIONS = ("none", "bf16", "auto")  # of `autocast`
 
 
 def native_bf16(device: str) -> bool:
-    """Whether `device` multiplies bfloat16 matrices in hardware: a CUDA GPU that supports
-    it, or a CPU with AVX512-BF16 or AMX (as oneDNN reports). Elsewhere bfloat16 products
-    are emulated, slower than float32."""
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)  # not public API: absent means no
-    return kind == "cpu" and torch.backends.mkldnn.is_available() and supported is not None and bool(supported())
+    """Whether `device` multiplies bfloat16 matrices in hardware: a CUDA GPU of compute
+    capability 8.0 or more, or a CPU with AVX512-BF16 or AMX tiles. Elsewhere bfloat16
+    products are emulated, slower than float32 (oneDNN and `torch.cuda.is_bf16_supported()`
+    accept emulation, so neither is asked)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type != "cpu":
+        return False
+    # torch.cpu's feature checks are private: one that is absent answers no
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check is not None and bool(check()) for check in checks)
 
 
 def resolve_precision(kind: str, device: str) -> str:

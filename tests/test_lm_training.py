@@ -168,8 +168,44 @@ def test_bf16_autocast_runs_on_cpu(data, tmp_path):
     # the same run in float32 ends close by, but not identically: bf16 was really used
     assert log["held_out_loss"].iloc[-1] == pytest.approx(full_log["held_out_loss"].iloc[-1], abs=0.15)
     assert log["train_loss"].tolist() != full_log["train_loss"].tolist()
+    assert set(log["precision"]) == {"bf16"} and set(full_log["precision"]) == {"none"}
     # the log's held-out losses are the float32 model's, as every later stage reads it
     assert log["held_out_loss"].iloc[-1] == held_out_loss(model, store.held_out, 16, 16)
+
+
+def test_a_resumed_run_logs_the_precision_of_each_stretch(data, tmp_path, monkeypatch, capsys):
+    store, cfg = data
+    real_clip = training.clip_grad_norm_
+    calls = {"n": 0}
+
+    def crash_at_step_6(*args, **kw):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real_clip(*args, **kw)
+
+    monkeypatch.setattr(training, "clip_grad_norm_", crash_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        train_lm(cfg, store.train, store.held_out, small_cfg(autocast="bf16"), tmp_path)
+    monkeypatch.setattr(training, "clip_grad_norm_", real_clip)
+    _, log = train_lm(cfg, store.train, store.held_out, small_cfg(autocast="none"), tmp_path)
+    assert log["precision"].tolist() == ["bf16", "none", "none"]
+    assert "begun in bf16 precision in none" in capsys.readouterr().out
+
+
+def test_native_bf16_asks_the_hardware_and_counts_no_emulation(monkeypatch):
+    for avx512_bf16, amx, native in ((True, False, True), (False, True, True), (False, False, False)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert activations.native_bf16("cpu") == native
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert not activations.native_bf16("cpu")  # a torch without the checks: no
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for capability, native in (((7, 5), False), ((8, 0), True), ((9, 0), True)):  # a T4 emulates bf16; A100, H100
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert activations.native_bf16("cuda:0") == native
+    assert not activations.native_bf16("meta")
 
 
 def test_auto_precision_is_bf16_only_where_the_hardware_multiplies_it(monkeypatch):

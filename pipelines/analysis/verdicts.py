@@ -295,15 +295,15 @@ def truth_verdict(both: float, apart: float, and_data: float, cfg: VerdictConfig
     return f"needs both inputs (and_data {and_data:.2f})", True
 
 
-def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig, chosen: bool = False
+def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig, no_tokens: bool = False
             ) -> tuple[str, bool]:
     """The verdict from the interventions' gate type and the model-run ablation's drops;
-    `chosen`: the candidate was chosen for the ablation (without drops, it found no tokens)."""
+    `no_tokens`: the candidate was chosen for the ablation but found no confirmation token."""
     if not isinstance(gate_type, str) or gate_type == "untested":
         return "untested: no ranking token with both sides on and the output active", False
     said = f"interventions: {gate_type}"
     if np.isnan(drop_a) or np.isnan(drop_b):
-        if chosen:
+        if no_tokens:
             return (f"{said}; not ablated in the model: no confirmation token (the ranking's held-out share) has "
                     "both sides on and the output active"), False
         return f"{said}; not ablated in the model", False
@@ -366,7 +366,7 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
         apart = min(_num(r.get("n_a_only")), _num(r.get("n_b_only")))
         truth, truth_and = truth_verdict(r.get("n_both"), apart, _num(r.get("and_data")), cfg)
         text, is_and = verdict(r.get("gate_type"), _num(r.get("drop_a")), _num(r.get("drop_b")), cfg,
-                               ablation_key(r) in chosen)
+                               ablation_key(r) in chosen and np.isnan(_num(r.get("ablation_tokens"))))
         f = int(r["out_feature"])
         describe = lambda members: "; ".join(f"#{m} {facts.descriptions.get(('in', m), '')}".strip()  # noqa: E731
                                              for m in members)

@@ -27,7 +27,7 @@ from pipelines.data.tokens import TokenRows
 from pipelines.engine.files import atomic_file
 from pipelines.engine.paths import ModelPaths
 from pipelines.lm.model import ModelConfig, build_model, save_model
-from sae.activations import PRECISIONS, autocast
+from sae.activations import PRECISIONS, autocast, resolve_precision
 
 if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
@@ -128,6 +128,11 @@ def train_lm(
         model.load_state_dict(state["model"])
         optimiser.load_state_dict(state["optimizer"])
         step, log = state["step"], state["log"]
+    precision = resolve_precision(cfg.autocast, device)
+    before = {entry.get("precision", "none") for entry in log}
+    if before - {precision}:
+        print(f"resuming a training begun in {', '.join(sorted(before))} precision in {precision}: the log's "
+              "precision column says which steps ran in which")
     model.train()
 
     bar = tqdm(total=n_steps, initial=step, desc="train-lm", unit="step")
@@ -136,7 +141,7 @@ def train_lm(
         for group in optimiser.param_groups:
             group["lr"] = lr_at(step, n_steps, cfg)
         rows = train.batch(_batch(len(train), step, cfg).numpy()).to(device)
-        with autocast(cfg.autocast, device):
+        with autocast(precision, device):
             loss = forward.next_token_loss(forward.run(model, rows)[0], rows).mean()
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
@@ -147,7 +152,8 @@ def train_lm(
         bar.update(1)
         if step % cfg.eval_every == 0 or step == n_steps:
             tok_s = tokens_since / (time.perf_counter() - t0)
-            entry = {"step": step, "tokens": step * cfg.batch_size * train.n_ctx, "train_loss": loss.item(),
+            entry = {"step": step, "tokens": step * cfg.batch_size * train.n_ctx, "precision": precision,
+                     "train_loss": loss.item(),
                      "held_out_loss": held_out_loss(model, held_out, cfg.eval_rows, cfg.batch_size),
                      "lr": lr_at(step - 1, n_steps, cfg), "tokens_per_s": tok_s}
             log.append(entry)

@@ -22,7 +22,6 @@ from pipelines.jobs import LMJob
 from pipelines.lm.behaviour import lexicon_accuracy
 from pipelines.lm.training import held_out_loss, train_lm
 from pipelines.runtime import Runtime
-from sae.activations import resolve_precision
 from pipelines.stages.tokens import ensure_tokens
 
 
@@ -67,8 +66,7 @@ def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force
         store = ensure_tokens(run, source, tok, job.model.n_ctx, job.corpus)
         model_cfg = job.model.replace(d_vocab=tok.get_vocab_size())
         model, log = train_lm(model_cfg, store.train, store.held_out, job.train, lm, runtime.device)
-        summary = {**_summarise_lm(model, store, log, job),
-                   "train_precision": resolve_precision(job.train.autocast, runtime.device)}
+        summary = _summarise_lm(model, store, log, job)
     write_json(files.train_config, job.train.to_json())
     write_json(files.summary, summary)
     np.save(files.token_counts, store.token_counts())
@@ -88,6 +86,8 @@ def _summarise_lm(model, store: TokenStore, log: pd.DataFrame, job: LMJob) -> di
         "bits_per_byte": bits_per_byte(loss, store.bytes_per_token()),
         "unigram_entropy": unigram_entropy(store.token_counts()),
         "tokens_per_s": float(log["tokens_per_s"].median()),
+        # every precision the steps ran in (a resumed run can mix them); a log of before the column: float32
+        "train_precision": ", ".join(sorted(set(log.get("precision", pd.Series(["none"])).fillna("none")))),
         "corpus": store.info["corpus"],
         "documents": store.info["documents"],
         "train_tokens_available": store.info["splits"]["train"]["tokens"],
