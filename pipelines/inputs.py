@@ -92,9 +92,10 @@ class StageInputs:
     @cached_property
     def streams(self) -> Streams:
         """The held-out rows' residual streams, kept between the layers this process's tasks
-        analyse (`forward.Streams`): layers run here one after another (not on Ray, where
-        each task reopens its inputs) each run one block per batch, not every block from
-        the embedding. A stage frees them when it ends (`forget_streams`)."""
+        analyse (`forward.Streams`): layers run here (not on Ray, where each task reopens its
+        inputs) each resume from the stream an earlier layer's task left, rather than run
+        every block from the embedding; tasks that run at once share it (a stream is resumed
+        only at or below the layer asked for). A stage frees them when it ends (`forget_streams`)."""
         return Streams(self.lm.model)
 
     def forget_streams(self) -> None:

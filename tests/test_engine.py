@@ -330,6 +330,60 @@ def test_tasks_run_here_in_order_on_the_runtimes_threads():
     assert run_tasks(runtime, work, "inputs", [], "circuits") == [] and len(seen) == 2
 
 
+def test_tasks_run_side_by_side_on_a_thread_each_when_the_cpu_has_threads_to_spare():
+    import threading
+
+    import torch
+
+    from pipelines.engine.tasks import Task, run_tasks
+    from pipelines.runtime import Runtime
+
+    both_started = threading.Barrier(2, timeout=10)  # breaks (and fails the test) if the tasks ran one by one
+    seen = []
+
+    def work(inputs, unit):
+        if unit < 2:
+            both_started.wait()
+        seen.append((unit, threading.get_ident(), torch.get_num_threads()))
+        return unit * 10
+
+    before = torch.get_num_threads()
+    runtime = Runtime(threads=2, device="cpu")
+    assert runtime.tasks_at_once(3) == 2 and runtime.tasks_at_once(1) == 1
+    assert Runtime(threads=1, device="cpu").tasks_at_once(3) == 1
+    assert Runtime(threads=2, device="cuda").tasks_at_once(3) == 1
+    tasks = [Task(f"layer {i}", i) for i in range(3)]
+    assert run_tasks(runtime, work, "inputs", tasks, "verdicts") == [0, 10, 20]  # in the tasks' order
+    assert sorted(unit for unit, _, _ in seen) == [0, 1, 2]
+    assert len({ident for unit, ident, _ in seen if unit < 2}) == 2  # two threads
+    assert {threads for _, _, threads in seen} == {1}  # each on its share of the two
+    assert torch.get_num_threads() == before
+
+
+def test_a_failing_task_side_by_side_stops_the_tasks_not_yet_started():
+    import threading
+
+    from pipelines.engine.tasks import Task, run_tasks
+    from pipelines.runtime import Runtime
+
+    started, release = [], threading.Event()
+
+    def work(inputs, unit):
+        started.append(unit)
+        if unit == 0:
+            raise ValueError("layer 0 failed")
+        release.wait(10)  # the others hold both threads until long after the failure is seen
+        return unit
+
+    timer = threading.Timer(1.0, release.set)
+    timer.start()
+    tasks = [Task(f"layer {i}", i) for i in range(5)]
+    with pytest.raises(ValueError, match="layer 0 failed"):
+        run_tasks(Runtime(threads=2, device="cpu"), work, None, tasks, "verdicts")
+    timer.cancel()
+    assert 0 in started and 3 not in started and 4 not in started  # the queued tasks never started
+
+
 def test_a_table_stage_frees_the_kept_streams_when_it_ends_even_on_an_error(tmp_path):
     from pipelines.runtime import Runtime
     from pipelines.stages.base import Part, TableStage, ensure

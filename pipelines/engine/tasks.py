@@ -3,7 +3,7 @@
 A stage splits its work into tasks (a layer, or a group of SAEs) that each read the run's
 inputs and write their own outputs atomically, with their own stamps, under the run
 directory. `run_tasks` calls `work(inputs, task)` for each: in this process with the inputs
-already open, or, with `Runtime.ray`, as Ray tasks that reopen the inputs from their folders
+already open (several at once on threads where the CPU has threads to spare), or, with `Runtime.ray`, as Ray tasks that reopen the inputs from their folders
 (see `pipelines.engine.cluster`). Either way a task that fails leaves nothing half-written,
 so a rerun does exactly what is left.
 """
@@ -11,6 +11,7 @@ so a rerun does exactly what is left.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,18 +28,33 @@ class Task:
 
 
 def run_tasks(runtime, work: Callable, inputs, tasks: list[Task], stage: str) -> list:
-    """`[work(inputs, task.unit) for task in tasks]`, here or on Ray (`runtime.ray`)."""
+    """`[work(inputs, task.unit) for task in tasks]`, here or on Ray (`runtime.ray`). Here,
+    `runtime.tasks_at_once` of them run at once on threads of this process, sharing `inputs`."""
     if not tasks:
         return []
     if runtime.ray is None:
+        at_once = runtime.tasks_at_once(len(tasks))
         # one bar over the tasks, as on Ray: a stage whose work shows no bar of its own still shows progress
-        with runtime.torch_threads(), tqdm(total=len(tasks), desc=stage, unit="task") as bar:
-            results = []
-            for task in tasks:
-                bar.set_postfix_str(task.name)
-                results.append(work(inputs, task.unit))
-                bar.update(1)
-            return results
+        with runtime.torch_threads(at_once), tqdm(total=len(tasks), desc=stage, unit="task") as bar:
+            if at_once == 1:
+                results = []
+                for task in tasks:
+                    bar.set_postfix_str(task.name)
+                    results.append(work(inputs, task.unit))
+                    bar.update(1)
+                return results
+            with ThreadPoolExecutor(at_once) as pool:
+                futures = {pool.submit(work, inputs, task.unit): task for task in tasks}
+                try:
+                    for future in as_completed(futures):
+                        future.result()
+                        bar.set_postfix_str(futures[future].name)
+                        bar.update(1)
+                except BaseException:
+                    for future in futures:  # the first failure: no task starts after it, the running ones end
+                        future.cancel()
+                    raise
+                return [future.result() for future in futures]
     from pipelines.engine.cluster import run_on_ray
 
     return run_on_ray(runtime, work, inputs, tasks, stage)

@@ -88,8 +88,9 @@ class TableStage:
 def ensure(stage: TableStage, work: StageInputs, job, plan: Plan, runtime: Runtime):
     """The tables of `stage` for every planned layer, computing the parts not current."""
     stale = [part for part in stage.parts(work, job, plan) if not part.is_current(work.run, stage.name)]
-    tasks = [Task(task.name, (stage, job, task.unit, runtime.threads), task.gpus)
-             for task in stage.tasks(stale, plan, runtime)]
+    planned = stage.tasks(stale, plan, runtime)
+    threads = runtime.threads // runtime.tasks_at_once(len(planned))  # each task's share
+    tasks = [Task(task.name, (stage, job, task.unit, threads), task.gpus) for task in planned]
     try:
         run_tasks(runtime, _run_task, work, tasks, stage.name)
     finally:
