@@ -92,12 +92,13 @@ def folder_bytes(folder: Path) -> int:
 
 
 class Sampler:
-    """Samples the calling thread's Python stack every `SAMPLE_S` seconds while active."""
+    """Samples the Python stack of every busy thread every `SAMPLE_S` seconds while active (a
+    stage's layers may run on threads of their own, `Runtime.tasks_at_once`); a thread
+    waiting on a lock or a future (the stage's driver, tqdm's monitor) is idle, not sampled."""
 
     def __init__(self, roots: list[Path]):
         self.roots = [str(r) + os.sep for r in roots]
         self.counts: Counter[str] = Counter()
-        self.target = threading.get_ident()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -110,10 +111,11 @@ class Sampler:
         self.thread.join()
 
     def _run(self) -> None:
+        me = threading.get_ident()
         while not self.stop.wait(SAMPLE_S):
-            frame = sys._current_frames().get(self.target)
-            if frame is not None:
-                self.counts[self._where(frame)] += 1
+            for ident, frame in sys._current_frames().items():
+                if ident != me and not _waiting(frame):
+                    self.counts[self._where(frame)] += 1
 
     def _where(self, frame) -> str:
         library = None
@@ -131,6 +133,12 @@ class Sampler:
     def top(self, n: int) -> list[tuple[str, float]]:
         total = sum(self.counts.values()) or 1
         return [(name, count / total) for name, count in self.counts.most_common(n)]
+
+
+def _waiting(frame) -> bool:
+    """Whether a thread's innermost frame is a wait in `threading` or `concurrent.futures`."""
+    path = Path(frame.f_code.co_filename).as_posix()
+    return path.endswith("/threading.py") or "/concurrent/futures/" in path
 
 
 def _library(path: str) -> str:
