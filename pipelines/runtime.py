@@ -62,8 +62,9 @@ class Runtime(Config):
 
         A layer's analysis is many mid-sized operations (gathers, top-k, products of a few
         thousand rows), whose threads wait on each other at every one: two layers side by
-        side, each on one thread, beat one layer on two (the demo's verdicts 84 s against
-        102 s, circuits 39 s against 46 s, on two idle cores; the operations release the GIL)."""
+        side, each on one thread, beat one layer on two (on the seed-0 demo run, two idle cores:
+        verdicts 73.2 s against 89.2 s, circuits 31.9 s against 39.4 s; torch's operations
+        release the GIL). Two layers at once hold two layers' working memory."""
         if self.ray is not None or not self.device.startswith("cpu") or self.threads < 2:
             return 1
         return max(1, min(self.threads, n_tasks))
