@@ -132,6 +132,29 @@ def test_cli_verdicts_equal_the_stage_called_as_the_demo_does(run, tmp_path):
     pd.testing.assert_frame_equal(returned, written, check_exact=True)
 
 
+def test_two_threads_run_the_layers_side_by_side_with_the_tables_of_one(run, tmp_path):
+    """With two threads the layers of circuits and verdicts run at once, a thread each
+    (`Runtime.tasks_at_once`): every table is the one a single thread writes, bit for bit."""
+    circuit_tables = ("interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "lowrank_samples")
+    copies = {}
+    for threads in ("1", "2"):
+        copy = copies[threads] = tmp_path / f"threads{threads}"
+        shutil.copytree(run, copy)
+        for name in circuit_tables + VERDICT_TABLES:
+            shutil.rmtree(copy / "tables" / name)
+        for stamp in (copy / "tables" / ".stamps").glob("*.json"):
+            if stamp.name.startswith(("circuits-", "verdicts-")):
+                stamp.unlink()
+        base = ["--out", str(copy), "--device", "cpu", "--threads", threads]
+        assert main(["circuits", *base, *CIRCUITS]) == 0
+        assert main(["verdicts", *base, *VERDICTS]) == 0
+    one, two = ({str(f.relative_to(c / "tables")): f for name in circuit_tables + VERDICT_TABLES
+                 for f in sorted((c / "tables" / name).rglob("*.parquet"))} for c in (copies["1"], copies["2"]))
+    assert sorted(one) == sorted(two) and any("layer1" in name for name in one)
+    for name, path in one.items():
+        pd.testing.assert_frame_equal(pd.read_parquet(path), pd.read_parquet(two[name]), check_exact=True, obj=name)
+
+
 def test_explicit_paths_give_the_same_tables(run, tmp_path):
     explicit = ["--corpus", str(run / "corpus"), "--model", str(run / "lm"), "--layer", "1",
                 "--sae-in", str(run / "saes/layer1_resid_mid"), "--sae-out", str(run / "saes/layer1_mlp_out")]
