@@ -19,9 +19,10 @@ matrix, its projection into the input SAE's basis and its eigendecomposition), p
 it writes divided by the disk rate. Stages without such work (the corpus generator, the
 report's figures, the explorer's site) have a floor of their bytes alone.
 
-The profile is sampled: every 20 ms a thread reads the stage's Python stack and charges the
-sample to the innermost function of this project, marked with the library it was inside
-(`torch`, `pandas`, ...), if any.
+The profile is sampled: every 20 ms a thread reads the Python stack of each of the stage's
+busy threads (its layers may run on threads of their own) and charges each to the innermost
+function of this project, marked with the library it was inside (`torch`, `pandas`, ...), if
+any; the shares are of those thread-samples.
 
 With several `--code` trees (e.g. the code before a change, then after it) each stage runs
 once per tree, alternately, each tree in its own run directory, so that the trees meet the

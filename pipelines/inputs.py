@@ -7,6 +7,7 @@ nothing here writes anything.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -36,6 +37,22 @@ if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
 SAEPaths = tuple[Path, Path | None]  # explicit (input, output) SAE folders of one layer
 
 
+class _once(cached_property):
+    """`functools.cached_property` computed once even when threads ask at once: a stage's
+    tasks may run side by side and share their inputs (`Runtime.tasks_at_once`), and Python
+    3.12 dropped the lock `cached_property` held (two tasks would load the model twice)."""
+
+    def __init__(self, func):
+        super().__init__(func)
+        self.lock = threading.RLock()
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        with self.lock:
+            return super().__get__(instance, owner)
+
+
 @dataclass
 class ModelInputs:
     """A model folder, loaded lazily, with its tokenizer and digest."""
@@ -48,26 +65,26 @@ class ModelInputs:
         self.folder = Path(self.folder)
         self.config = load_config(self.folder)  # cheap: usage errors come before any loading
 
-    @cached_property
+    @_once
     def model(self) -> HookedTransformer:
         model, _ = load_model(self.folder, self.device)
         return model
 
-    @cached_property
+    @_once
     def tokenizer(self) -> Tokenizer:
         return load_tokenizer(self.folder)
 
-    @cached_property
+    @_once
     def digest(self) -> str:
         return model_digest(self.folder)
 
-    @cached_property
+    @_once
     def token_counts(self) -> np.ndarray | None:
         """How often each token occurred in training (None for a foreign model)."""
         path = ModelPaths(self.folder).token_counts
         return np.load(path) if path.is_file() else None
 
-    @cached_property
+    @_once
     def untrained(self) -> np.ndarray:
         """Token ids the model never saw in training (or, for a foreign model, none known)."""
         if self.token_counts is None:
@@ -89,7 +106,7 @@ class StageInputs:
     store: TokenStore
     report: Callable[[int], None] = _ignore
 
-    @cached_property
+    @_once
     def streams(self) -> Streams:
         """The held-out rows' residual streams, kept between the layers this process's tasks
         analyse (`forward.Streams`): layers run here (not on Ray, where each task reopens its

@@ -52,8 +52,8 @@ class Runtime(Config):
     @contextmanager
     def torch_threads(self, at_once: int = 1) -> Iterator[None]:
         """Run the block with torch's intra-op thread count set to `threads` (restored after),
-        shared among `at_once` tasks that run at once (`tasks_at_once`)."""
-        with intra_op_threads(self.threads // at_once or None):
+        or to one while `at_once` > 1 tasks run at once (`tasks_at_once`)."""
+        with intra_op_threads(1 if at_once > 1 else self.threads or None):
             yield
 
     def tasks_at_once(self, n_tasks: int) -> int:
@@ -64,7 +64,12 @@ class Runtime(Config):
         thousand rows), whose threads wait on each other at every one: two layers side by
         side, each on one thread, beat one layer on two (on the seed-0 demo run, two idle cores:
         verdicts 73.2 s against 89.2 s, circuits 31.9 s against 39.4 s; torch's operations
-        release the GIL). Two layers at once hold two layers' working memory."""
+        release the GIL). Two layers at once hold two layers' working memory.
+
+        While tasks run at once torch has one intra-op thread (its count is global: a task
+        that changed it would change it under the others, and with it their sums' last
+        bits); a task gets `threads // at_once` threads of its own to run Python-level
+        workers on (the circuits stage's output chunks), each on that one intra-op thread."""
         if self.ray is not None or not self.device.startswith("cpu") or self.threads < 2:
             return 1
         return max(1, min(self.threads, n_tasks))

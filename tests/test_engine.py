@@ -360,6 +360,33 @@ def test_tasks_run_side_by_side_on_a_thread_each_when_the_cpu_has_threads_to_spa
     assert torch.get_num_threads() == before
 
 
+def test_inputs_shared_by_tasks_side_by_side_are_made_once():
+    """Tasks side by side share their inputs: the model (or the kept streams) is loaded once
+    however many ask at once (Python 3.12's cached_property no longer locks)."""
+    import threading
+    import time
+
+    from pipelines.inputs import _once
+
+    made = []
+
+    class Inputs:
+        @_once
+        def model(self):
+            made.append(threading.get_ident())
+            time.sleep(0.2)  # long enough for every thread to ask while it is made
+            return object()
+
+    inputs = Inputs()
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(inputs.model)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 1 and len(seen) == 4 and all(m is seen[0] for m in seen)
+
+
 def test_a_failing_task_side_by_side_stops_the_tasks_not_yet_started():
     import threading
 
@@ -372,7 +399,7 @@ def test_a_failing_task_side_by_side_stops_the_tasks_not_yet_started():
         started.append(unit)
         if unit == 0:
             raise ValueError("layer 0 failed")
-        release.wait(10)  # the others hold both threads until long after the failure is seen
+        release.wait(10)  # layer 1, if it started, holds its thread until long after the failure
         return unit
 
     timer = threading.Timer(1.0, release.set)
@@ -381,7 +408,8 @@ def test_a_failing_task_side_by_side_stops_the_tasks_not_yet_started():
     with pytest.raises(ValueError, match="layer 0 failed"):
         run_tasks(Runtime(threads=2, device="cpu"), work, None, tasks, "verdicts")
     timer.cancel()
-    assert 0 in started and 3 not in started and 4 not in started  # the queued tasks never started
+    # layer 1 may have started beside layer 0 before it failed; none of the queued ones did
+    assert 0 in started and set(started) <= {0, 1}
 
 
 def test_a_table_stage_frees_the_kept_streams_when_it_ends_even_on_an_error(tmp_path):

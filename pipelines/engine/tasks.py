@@ -12,6 +12,7 @@ so a rerun does exactly what is left.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -55,19 +56,28 @@ def _side_by_side(work: Callable, inputs, tasks: list[Task], at_once: int, bar) 
     """`run_tasks` here, `at_once` tasks at a time on threads. After a failure (or Ctrl-C) no
     task starts, and the running ones end, so their finished outputs are kept, before it is
     raised."""
+    stop = threading.Event()
+
+    def attempt(task: Task):
+        if stop.is_set():  # a task before it failed: the stage ends with that error
+            return None
+        try:
+            return work(inputs, task.unit)
+        except BaseException:
+            stop.set()
+            raise
+
     with ThreadPoolExecutor(at_once) as pool:
-        futures = {pool.submit(work, inputs, task.unit): task for task in tasks}
+        futures = {pool.submit(attempt, task): task for task in tasks}
         try:
             for future in as_completed(futures):
                 future.result()
                 bar.set_postfix_str(futures[future].name)
                 bar.update(1)
         except BaseException as error:
-            for future in futures:
-                future.cancel()
+            stop.set()
             if isinstance(error, KeyboardInterrupt):
                 running = ", ".join(futures[f].name for f in futures if f.running())
                 print(f"\nstopping once the running tasks end ({running}): their outputs are kept", file=sys.stderr)
             raise
         return [future.result() for future in futures]
-
