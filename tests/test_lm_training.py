@@ -104,16 +104,7 @@ def test_resume_matches_an_uninterrupted_run(data, tmp_path, monkeypatch):
     store, cfg = data
     straight, straight_log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "a")
 
-    real_clip = training.clip_grad_norm_
-    calls = {"n": 0}
-
-    def crash_at_step_6(*args, **kw):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return real_clip(*args, **kw)
-
-    monkeypatch.setattr(training, "clip_grad_norm_", crash_at_step_6)
+    monkeypatch.setattr(training, "clip_grad_norm_", _raise_after(5))  # a crash in step 6
     with pytest.raises(KeyboardInterrupt):
         train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "b")
     state = torch.load(ModelPaths(tmp_path / "b").train_state, weights_only=False)
@@ -121,7 +112,7 @@ def test_resume_matches_an_uninterrupted_run(data, tmp_path, monkeypatch):
     assert not (tmp_path / "b" / "model.safetensors").exists()
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith(".")]  # no temporaries
 
-    monkeypatch.setattr(training, "clip_grad_norm_", real_clip)
+    monkeypatch.undo()
     resumed, log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "b")
     assert log["step"].tolist() == [4, 8, 12]
     for name, value in straight.state_dict().items():
@@ -175,19 +166,10 @@ def test_bf16_autocast_runs_on_cpu(data, tmp_path):
 
 def test_a_resumed_run_logs_the_precision_of_each_stretch(data, tmp_path, monkeypatch, capsys):
     store, cfg = data
-    real_clip = training.clip_grad_norm_
-    calls = {"n": 0}
-
-    def crash_at_step_6(*args, **kw):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return real_clip(*args, **kw)
-
-    monkeypatch.setattr(training, "clip_grad_norm_", crash_at_step_6)
+    monkeypatch.setattr(training, "clip_grad_norm_", _raise_after(5))  # a crash in step 6
     with pytest.raises(KeyboardInterrupt):
         train_lm(cfg, store.train, store.held_out, small_cfg(autocast="bf16"), tmp_path)
-    monkeypatch.setattr(training, "clip_grad_norm_", real_clip)
+    monkeypatch.undo()
     _, log = train_lm(cfg, store.train, store.held_out, small_cfg(autocast="none"), tmp_path)
     assert log["precision"].tolist() == ["bf16", "none", "none"]
     assert "begun in bf16 precision in none" in capsys.readouterr().out
