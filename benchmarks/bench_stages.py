@@ -48,6 +48,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 STAGES = ("corpus", "train-lm", "train-saes", "circuits", "features", "verdicts", "report", "explorer")
+COPIED = {"corpus": "corpus", "train-lm": "lm", "train-saes": "saes"}  # stage: its folder, copied from --from
 H100_RATE = 300e12  # flop/s assumed for one H100: about 30% of its dense bf16 peak (989 TFLOP/s)
 PAPER_LM_TOKENS = 500_000_000  # assumed: about one pass over TinyStories with a 4096-token vocabulary
 PAPER_SAE_TOKENS = 150_000_000  # per SAE (the paper)
@@ -460,6 +461,10 @@ def main() -> None:
     if any(r.exists() for r in runs):
         sys.exit(f"--out {out} already holds runs: give a new folder")
     stages = [s for s in STAGES if s in args.stages.split(",")]
+    copied = [stage for stage, name in COPIED.items() if args.source and (args.source / name).is_dir()]
+    if set(copied) & set(stages):
+        sys.exit(f"--from {args.source} holds the output of {', '.join(s for s in stages if s in copied)}, which each "
+                 f"run copies and so does not time: give --stages of later stages only")
     for run in runs if args.source else []:
         for name in ("corpus", "lm", "tokens", "saes"):  # a run without SAEs times train-saes too
             if (args.source / name).is_dir():
