@@ -118,7 +118,7 @@ class ReadSetStats:
         base = torch.arange(S, device=z.device) * 2 ** self.M
         size = S * 2 ** self.M
         for start in range(0, z.shape[0], self.token_chunk):
-            zc = z[start : start + self.token_chunk].double()
+            zc = z[start : start + self.token_chunk]
             on = (zc != 0).float().to_sparse()
             codes = torch.sparse.mm(on, self.powers).round().long() + base  # [t, S]
             act = acts[start : start + self.token_chunk][:, self.outputs].double()  # [t, S]
@@ -128,8 +128,11 @@ class ReadSetStats:
             self.sum.view(-1).add_(torch.bincount(at, weights=act[token, s], minlength=size))
             self.active.view(-1).add_(torch.bincount(at, minlength=size).double())
             if token.numel():
-                padded = torch.cat([zc, zc.new_zeros(len(zc), 1)], 1)
-                v = padded[token[:, None], self.members[s]]  # [p, M]
+                # a flat index_select of the few values read, converted after: not the chunk in float64
+                # nor a two-axis gather, which take several times longer
+                padded = torch.cat([zc, zc.new_zeros(len(zc), 1)], 1).reshape(-1)
+                v = padded.index_select(0, (token[:, None] * (self.n_in + 1) + self.members[s]).reshape(-1))
+                v = v.view(len(token), self.M).double()  # [p, M]
                 terms = self.cross[s] * v[:, self.i] * v[:, self.j] * scale[start : start + self.token_chunk][token, None].double()
                 self.contribution.index_add_(0, s, terms)
 
@@ -225,7 +228,8 @@ class GroupStats:
         `membership [n_in, G]`, bool); `basis [d, n_in + 1]` the input basis
         (`circuits.sae_basis.input_basis`); `weights [n_out, h]` = `directions @ W_out.T`."""
         self.outputs, self.group_a, self.group_b = outputs, group_a, group_b
-        self.membership = membership.double()
+        # float32 counts members exactly (below 2^24), at half the traffic of float64
+        self.membership = membership.float()
         self.members = [column.nonzero()[:, 0] for column in membership.T]
         n_in = membership.shape[0]
         self.Pg = basis[:, :n_in].T.double() @ W_gate.double()  # [n_in, h]: what each input sends through W_gate
@@ -239,8 +243,8 @@ class GroupStats:
 
     @torch.no_grad()
     def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor) -> None:
-        z, scale = z.double(), scale.double()
-        on = ((z != 0).double() @ self.membership) > 0  # [t, G]
+        scale = scale.double()
+        on = ((z != 0).float() @ self.membership) > 0  # [t, G]
         act = acts[:, self.outputs].double()  # [t, C]
         cell = 2 * (~on[:, self.group_a]).long() + (~on[:, self.group_b]).long()  # [t, C]
         C = len(self.outputs)
@@ -256,7 +260,8 @@ class GroupStats:
             # the cross term is zero unless both groups are on, and counts only where a gate's output is active
             rows = (on[:, a] & on[:, b] & (weighted[:, gates] != 0).any(1)).nonzero()[:, 0]
             ia, ib = self.members[a], self.members[b]
-            za, zb = z[rows][:, ia], z[rows][:, ib]  # only the members' columns: their products are what counts
+            mine = z.index_select(0, rows)
+            za, zb = mine[:, ia].double(), mine[:, ib].double()  # only the members' columns: their products count
             cross = (za @ self.Pg[ia]) * (zb @ self.Pi[ib]) + (zb @ self.Pg[ib]) * (za @ self.Pi[ia])  # [t, h]
             summed = weighted[rows][:, gates].T @ cross  # [c, h]: over each gate's active tokens
             self.contribution[gates] += (summed * self.weights[self.outputs[gates]]).sum(-1)
