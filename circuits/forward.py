@@ -60,31 +60,24 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def attention(model: HookedTransformer, layer: int, h: torch.Tensor, context: torch.Tensor | None = None
-              ) -> torch.Tensor:
-    """Block `layer`'s attention output `[batch, pos, d_model]` from its normalised input `h`.
-    `context [batch, p, d_model]`: the normalised input at the p positions before h's, whose
-    keys and values h's positions also read (h then starts at position p)."""
+def attention(model: HookedTransformer, layer: int, h: torch.Tensor) -> torch.Tensor:
+    """Block `layer`'s attention output `[batch, pos, d_model]` from its normalised input `h`."""
     attn = model.blocks[layer].attn
     batch, pos, _ = h.shape
-    p = 0 if context is None else context.shape[1]
     n_heads, d_model, d_head = attn.W_Q.shape
     # one product for queries, keys and values: [d_model, 3 * heads * d_head]
     w = torch.stack([attn.W_Q, attn.W_K, attn.W_V]).permute(2, 0, 1, 3).reshape(d_model, -1)
     b = torch.stack([attn.b_Q, attn.b_K, attn.b_V]).reshape(-1)
-    full = torch.cat([context, h], 1) if p else h
-    q, k, v = F.linear(full, w.t(), b).view(batch, p + pos, 3, n_heads, d_head).permute(2, 0, 3, 1, 4)
-    cos, sin = attn.rotary_cos[: p + pos], attn.rotary_sin[: p + pos]
-    q, k = rotate(q[:, :, p:], cos[p:], sin[p:]), rotate(k, cos, sin)
-    # position p + i reads keys 0 to p + i: the causal mask's lower right corner
-    mask = (torch.arange(p + pos, device=h.device) <= p + torch.arange(pos, device=h.device)[:, None]) if p else None
+    q, k, v = F.linear(h, w.t(), b).view(batch, pos, 3, n_heads, d_head).permute(2, 0, 3, 1, 4)
+    cos, sin = attn.rotary_cos[:pos], attn.rotary_sin[:pos]
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     if h.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         # a CPU's fused attention is slower in bfloat16 than in float32 (at the demo's shapes on two
         # threads, forward and backward: 37.6 against 16.2 ms a layer): only the products around it gain
         with torch.autocast("cpu", enabled=False):
-            z = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, is_causal=not p)
+            z = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     else:
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not p)
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return F.linear(z.transpose(1, 2).reshape(batch, pos, -1), attn.W_O.reshape(-1, d_model).t(), attn.b_O)
 
 
@@ -102,26 +95,18 @@ def embed(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
 
 def blocks(model: HookedTransformer, x: torch.Tensor, start: int, stop: int, points: list[Point] = (),
            edits: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
-           past: dict[int, torch.Tensor] | None = None, entering: dict[int, torch.Tensor] | None = None,
            ) -> tuple[torch.Tensor, dict[Point, torch.Tensor]]:
     """Run the residual stream `x` `[batch, pos, d_model]` entering block `start` through
     blocks `start` to `stop - 1`: the stream leaving the last one and the activation
     `[batch, pos, d_model]` at each point (`mlp_in` is what the MLP multiplies, after the
     norm's gain). `edits[layer](resid_mid, mlp_in)` returns the MLP input block `layer` uses
-    instead; the stream that bypasses the MLP stays as it was. `past[layer]
-    [batch, p, d_model]`: the streams that entered each block at the p positions before x's,
-    which x's positions attend to (x then starts at position p): a pass that changes only
-    later positions need not run the earlier ones again. `entering`, when given, receives
-    the stream entering each block."""
+    instead; the stream that bypasses the MLP stays as it was."""
     check_architecture(model)
     eps, wanted, edits = model.cfg.eps, set(points), edits or {}
     found: dict[Point, torch.Tensor] = {}
     for layer in range(start, stop):
         block = model.blocks[layer]
-        if entering is not None:
-            entering[layer] = x
-        context = None if past is None else rms_norm(past[layer], block.ln1.w, eps)
-        x = x + attention(model, layer, rms_norm(x, block.ln1.w, eps), context)
+        x = x + attention(model, layer, rms_norm(x, block.ln1.w, eps))
         h = rms_norm(x, block.ln2.w, eps)
         if layer in edits:
             h = edits[layer](x, h)

@@ -147,28 +147,3 @@ def test_streams_keep_nothing_when_asked_and_after_clear(model, tokens, monkeypa
     streams.clear()
     streams.layer("rows", tokens, 1, points(1))
     assert seen == [0, 0, 1]
-
-
-def test_a_pass_from_a_later_position_attends_to_the_earlier_streams(model, tokens):
-    """The positions from p on, run with the streams that entered each block at the positions
-    before p, are those of the whole pass: the earlier positions' keys and values are all
-    that a later position reads of them (causal attention, rotary at absolute positions)."""
-    points = [(1, "resid_mid"), (1, "mlp_out")]
-    entering: dict = {}
-    whole, found = forward.blocks(model, forward.embed(model, tokens), 0, 2, points, entering=entering)
-    assert sorted(entering) == [0, 1] and torch.equal(entering[0], forward.embed(model, tokens))
-    for p in (1, 17, 39):
-        past = {layer: stream[:, :p] for layer, stream in entering.items()}
-        later, found_later = forward.blocks(model, entering[0][:, p:], 0, 2, points, past=past)
-        scale = float(whole.abs().max())
-        torch.testing.assert_close(later, whole[:, p:], rtol=1e-5, atol=2e-6 * scale)
-        for point in points:
-            torch.testing.assert_close(found_later[point], found[point][:, p:], rtol=1e-5,
-                                       atol=2e-6 * float(found[point].abs().max()))
-    # an edit of the MLP's input at a later position, run from there, changes what the whole pass with it does
-    edit = {0: lambda resid_mid, h: h.index_fill(1, torch.tensor([30 - 17]), 0.5)}
-    edit_whole = {0: lambda resid_mid, h: h.index_fill(1, torch.tensor([30]), 0.5)}
-    expected, _ = forward.blocks(model, forward.embed(model, tokens), 0, 2, edits=edit_whole)
-    got, _ = forward.blocks(model, entering[0][:, 17:], 0, 2, edits=edit, past={k: v[:, :17] for k, v in entering.items()})
-    assert not torch.allclose(expected[:, 30:], whole[:, 30:])
-    torch.testing.assert_close(got, expected[:, 17:], rtol=1e-5, atol=2e-6 * float(expected.abs().max()))

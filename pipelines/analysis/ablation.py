@@ -6,10 +6,9 @@ sides are on and f is active, the MLP's input is changed and nothing else: every
 part `z_m d_m` of the input SAE's reconstruction, for side A, side B or both, is subtracted
 from resid_mid *as the MLP reads it*, before its norm, while the residual stream that bypasses
 the MLP stays as it was (on mlp_in the subtraction happens after the norm). The model runs
-from the layer onward, starting from the cached residual stream entering the layer. A clean
-pass runs a batch of rows; each ablated pass runs only the positions from its first
-ablated token to its last sampled one (the positions before are the clean pass's, which
-the later ones read through attention), several candidates' passes at once. Measured: f's pre-activation and activation at
+from the layer onward, starting from the cached residual stream entering the layer, a batch
+of rows for several candidates and ablations at once; each ablated row is cut after its
+last sampled token, the only positions read. Measured: f's pre-activation and activation at
 the layer (output SAE on the new mlp_out) and the mean next-token log-probability of f's
 boosted tokens, before and after. Every sampled token of a row is ablated in one pass, so a
 later token's log-probability also feels the earlier ablations through attention (its
@@ -61,19 +60,23 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     row, position = flat // cache.n_ctx, flat % cache.n_ctx
     out = sides.out[entries.cand]
     boost = {f: torch.tensor(boosted.get(f, []), dtype=torch.long) for f in out.unique().tolist()}
+    measured = {"before": _measure_runs(model, cache, saes, [(r, None, None) for r in row.unique().tolist()],
+                                        row, position, out, boost, batch_rows, per_entry=None)}
     latents = latent_lookup(cache.z)
     removal = lambda members: side_removal(latents(entries.token, members), members)  # noqa: E731
     removals = {"a": removal(sides.a[entries.cand]), "b": removal(sides.b[entries.cand])}
     removals["both"] = tuple(torch.cat([x, y]) for x, y in zip(removals["a"], removals["b"]))
-    deltas = {ablated: torch.zeros(len(entries.cand), cache.source.shape[1], dtype=cache.source.dtype).index_add_(
-        0, entry, coef[:, None] * sae_in.W_dec[member]) for ablated, (entry, member, coef) in removals.items()}
-    measured = _measure_runs(model, cache, saes, deltas, entries.cand, row, position, out, boost, batch_rows)
+    records = []
     for ablated, (entry, member, coef) in removals.items():
+        delta = torch.zeros(len(entries.cand), cache.source.shape[1], dtype=cache.source.dtype).index_add_(
+            0, entry, coef[:, None] * sae_in.W_dec[member])
+        items = sorted({(int(c), int(r)) for c, r in zip(entries.cand, row)})
+        measured[ablated] = _measure_runs(model, cache, saes, [(r, c, delta) for c, r in items], row, position, out,
+                                          boost, batch_rows, per_entry=entries.cand)
         pre_local, act_local = local.evaluate(cache.source, entries.token, out, entry, member, coef)
         measured[ablated]["pre_local"], measured[ablated]["act_local"] = pre_local, act_local
     forms = _form_parts(cache, entries, z, sides, sae_in, mlp, sae_out, site)
     before = measured["before"]
-    records = []
     for c in entries.cand.unique().tolist():
         mine = entries.cand == c
         n = int(mine.sum())
@@ -91,87 +94,52 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     return pd.DataFrame(records)
 
 
-def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, deltas: dict[str, torch.Tensor], cand, row, position,
-                  out, boost, batch_rows: int) -> dict[str, dict[str, torch.Tensor]]:
-    """f's pre-activation, activation and boosted log-probability `[E]` at every sampled entry,
-    before (`"before"`) and after each ablation (a key of `deltas`), from passes of the model
-    from the layer onward.
-
-    Entries `cand, row, position [E]`; `deltas[ablated] [E, d]`: what leaves the MLP's input at
-    each entry. The clean pass runs `batch_rows` rows at a time; an ablated pass runs one row
-    with one candidate's removals at its entries there, and only from its first ablated
-    position on: every earlier position is the clean pass's, which the later ones read
-    through attention from the streams it kept (`forward.blocks`' `past`), so a pass costs
-    the positions it changes, not the whole row before them.
-    """
+def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, position, out, boost, batch_rows: int,
+                  per_entry) -> dict[str, torch.Tensor]:
+    """f's pre-activation, activation and boosted log-probability at every sampled entry,
+    from passes of the model from the layer onward: `items` are (row, candidate, delta),
+    each a pass of one row with candidate's removals `delta [E, d]` at its entries in the row
+    (None: a clean pass; then `per_entry` is None and every entry of the row is read)."""
     E = len(row)
-    read = _Reader(model, saes, out, boost)
-    result = {k: {m: torch.full((E,), float("nan"), dtype=torch.float64) for m in ("pre", "act", "logprob")}
-              for k in ("before", *deltas)}
-    rows = row.unique()
-    for start in range(0, len(rows), batch_rows):
-        group = rows[start : start + batch_rows]
-        mine = torch.isin(row, group).nonzero()[:, 0]
-        place = torch.searchsorted(group, row[mine])  # each entry's row in the group
-        length = int(position[mine].max()) + 1
-        entering: dict[int, torch.Tensor] = {}
-        found = _run(model, cache, saes, cache.resid_pre[group, :length], None, entering=entering)
-        read(result["before"], found, mine, place, position[mine])
-        # one pass per (row, candidate): ordered by its first ablated position, so a batch's passes start near it
-        item = torch.unique(place * (int(cand.max()) + 1) + cand[mine], return_inverse=True)[1]
-        first = torch.full((int(item.max()) + 1,), length, dtype=torch.long).scatter_reduce_(
-            0, item, position[mine], "amin")
-        order = torch.argsort(first, stable=True)
-        of_item = torch.zeros(len(first), dtype=torch.long).scatter_(0, item, place)  # each pass's row in the group
-        for lo_item in range(0, len(order), batch_rows):
-            passes = order[lo_item : lo_item + batch_rows]
-            slot = torch.full((len(first),), -1, dtype=torch.long)
-            slot[passes] = torch.arange(len(passes))
-            at = (slot[item] >= 0).nonzero()[:, 0]  # the group's entries these passes read
-            lo = int(first[passes].min())
-            hi = int(position[mine[at]].max()) + 1
-            resid = cache.resid_pre[group[of_item[passes]], lo:hi]
-            past = {layer: stream[of_item[passes], :lo] for layer, stream in entering.items()}
-            for ablated, delta in deltas.items():
-                removal = torch.zeros(len(passes), hi - lo, resid.shape[-1], dtype=cache.source.dtype)
-                removal[slot[item[at]], position[mine[at]] - lo] = delta[mine[at]]
-                found = _run(model, cache, saes, resid, removal, past=past)
-                read(result[ablated], found, mine[at], slot[item[at]], position[mine[at]] - lo)
+    # boosted tokens of every output, padded: ids [n_out, L] and whether each is one (none: NaN)
+    n_out = int(out.max()) + 1 if len(out) else 0
+    width = max([len(t) for t in boost.values()] + [1])
+    boost_ids = torch.zeros(n_out, width, dtype=torch.long)
+    boost_mask = torch.zeros(n_out, width, dtype=torch.float64)
+    for f, ids in boost.items():
+        boost_ids[f, : len(ids)], boost_mask[f, : len(ids)] = ids, 1.0
+    result = {k: torch.full((E,), float("nan"), dtype=torch.float64) for k in ("pre", "act", "logprob")}
+    read = lambda r, c: (row == r) if c is None else (row == r) & (per_entry == c)  # noqa: E731
+    # a pass runs to its batch's last read position: batch items of similar length together
+    items = sorted(items, key=lambda item: int(position[read(item[0], item[1])].max()))
+    for start in range(0, len(items), batch_rows):
+        chunk = items[start : start + batch_rows]
+        # the entries each pass reads, and how far the pass must run along its row
+        reads = [read(r, c) for r, c, _ in chunk]
+        length = max(int(position[m].max()) + 1 for m in reads)
+        resid = cache.resid_pre[[r for r, _, _ in chunk], :length]
+        removal = torch.zeros(len(chunk), length, resid.shape[-1], dtype=cache.source.dtype)
+        for i, ((_, _, delta), m) in enumerate(zip(chunk, reads)):
+            if delta is not None:
+                removal[i, position[m]] = delta[m]
+        found = _run(model, cache, saes, resid, removal if any(d is not None for _, _, d in chunk) else None)
+        for i, m in enumerate(reads):
+            index = m.nonzero()[:, 0]
+            pos = position[index]
+            mlp_out = found[MLP_OUT][i, pos].to(saes.sae_out.weights.W_enc.dtype)
+            f = out[index]
+            rows = torch.arange(len(index))
+            result["pre"][index] = saes.sae_out.weights.pre(mlp_out)[rows, f].double()
+            result["act"][index] = saes.sae_out.weights.encode(mlp_out)[rows, f].double()
+            logprob = F.log_softmax(forward.unembed(model, found["final"][i, pos]).double(), -1)
+            ids, listed = boost_ids[f], boost_mask[f]  # [n, L]: each entry's boosted tokens
+            result["logprob"][index] = (logprob.gather(1, ids) * listed).sum(-1) / listed.sum(-1)
     return result
 
 
-class _Reader:
-    """Writes f's pre-activation, activation and boosted log-probability at entries into a
-    result, from a pass's `_run` values."""
-
-    def __init__(self, model, saes: LayerSAEs, out: torch.Tensor, boost: dict[int, torch.Tensor]):
-        self.model, self.sae_out, self.out = model, saes.sae_out.weights, out
-        # boosted tokens of every output, padded: ids [n_out, L] and whether each is one (none: NaN)
-        n_out = int(out.max()) + 1 if len(out) else 0
-        width = max([len(t) for t in boost.values()] + [1])
-        self.ids = torch.zeros(n_out, width, dtype=torch.long)
-        self.listed = torch.zeros(n_out, width, dtype=torch.float64)
-        for f, ids in boost.items():
-            self.ids[f, : len(ids)], self.listed[f, : len(ids)] = ids, 1.0
-
-    def __call__(self, result: dict[str, torch.Tensor], found: dict, index: torch.Tensor, batch: torch.Tensor,
-                 pos: torch.Tensor) -> None:
-        """Entries `index [n]`, read at row `batch [n]` and position `pos [n]` of the pass."""
-        mlp_out = found[MLP_OUT][batch, pos].to(self.sae_out.W_enc.dtype)
-        f = self.out[index]
-        rows = torch.arange(len(index))
-        result["pre"][index] = self.sae_out.pre(mlp_out)[rows, f].double()
-        result["act"][index] = self.sae_out.encode(mlp_out)[rows, f].double()
-        logprob = F.log_softmax(forward.unembed(self.model, found["final"][batch, pos]).double(), -1)
-        ids, listed = self.ids[f], self.listed[f]  # [n, L]: each entry's boosted tokens
-        result["logprob"][index] = (logprob.gather(1, ids) * listed).sum(-1) / listed.sum(-1)
-
-
-def _run(model, cache: LayerCache, saes: LayerSAEs, resid: torch.Tensor, removal: torch.Tensor | None,
-         past: dict | None = None, entering: dict | None = None) -> dict:
+def _run(model, cache: LayerCache, saes: LayerSAEs, resid: torch.Tensor, removal: torch.Tensor | None) -> dict:
     """resid_mid and mlp_out of the layer and the residual stream after the last block of a
-    pass from the layer onward, with `removal` taken out of the MLP's input only (`past`,
-    `entering`: as `forward.blocks`)."""
+    pass from the layer onward, with `removal` taken out of the MLP's input only."""
     layer, site, eps = cache.layer, cache.site, cache.eps
     gain = model.blocks[layer].ln2.w
 
@@ -181,7 +149,7 @@ def _run(model, cache: LayerCache, saes: LayerSAEs, resid: torch.Tensor, removal
         return torch.where(removal.ne(0).any(-1, keepdim=True), changed.to(mlp_in.dtype), mlp_in)
 
     final, found = forward.blocks(model, resid, layer, model.cfg.n_layers, [(layer, RESID_MID), (layer, MLP_OUT)],
-                                  None if removal is None else {layer: change_input}, past=past, entering=entering)
+                                  None if removal is None else {layer: change_input})
     return {site: found[layer, site] for site in (RESID_MID, MLP_OUT)} | {"final": final}
 
 
