@@ -123,9 +123,9 @@ class GateStats:
         (from an earlier pass), which fixes the histogram bins."""
         self.c = candidates
         self.cross = cross
-        # padded candidates read the zero column n_in of the inputs (see `update`)
-        self.a_index = torch.where(candidates.valid, candidates.in_a, n_in)
-        self.b_index = torch.where(candidates.valid, candidates.in_b, n_in)
+        # padded candidates read the zero column n_in of the inputs (see `update`); int32, as `update` indexes
+        self.a_index = torch.where(candidates.valid, candidates.in_a, n_in).int()
+        self.b_index = torch.where(candidates.valid, candidates.in_b, n_in).int()
         device, n_out, width = cross.device, *cross.shape
         self.low = torch.minimum(min_activation, torch.zeros_like(min_activation)).double()
         high = torch.maximum(max_activation, torch.zeros_like(max_activation)).double()
@@ -139,7 +139,8 @@ class GateStats:
         self.act_sum = torch.zeros(n_out, **zeros)
         self.contribution = torch.zeros(n_out, width, **zeros)
         self.cell_sum = torch.zeros(n_out, width, 4, **zeros)  # activation sum per cell (f active)
-        self.histogram = torch.zeros(n_out * width * 4 * n_bins, **zeros)  # f active: per cell and bin
+        # f active: tokens per cell and bin; counted in int64, so a batch's counts add without conversion
+        self.histogram = torch.zeros(n_out * width * 4 * n_bins, dtype=torch.long, device=device)
         # where each candidate's four cells start in `cell_sum` and in `histogram`, `[n_out, G]`
         cells = (torch.arange(n_out, device=device)[:, None] * width + torch.arange(width, device=device)) * 4
         self.cell_start = cells.to(_index_dtype(n_out * width * 4 * n_bins))
@@ -173,22 +174,23 @@ class GateStats:
         row = (token * (n_in + 1)).to(_index_dtype(padded.numel()))[:, None]
         za, zb = (padded.index_select(0, (row + index[f].to(row.dtype)).reshape(-1)).view(len(f), width)
                   for index in (self.a_index, self.b_index))  # [p, G]
-        contribution = self.cross.to(dtype)[f] * za * zb * scale[token, None]
+        # [p, G] products and codes in place: each pass over them costs as much as the arithmetic
+        contribution = self.cross.to(dtype)[f].mul_(za).mul_(zb).mul_(scale[token, None])
         batch = dict(dtype=dtype, device=z.device)
         self.contribution += torch.zeros(n_out, width, **batch).index_add_(0, f, contribution).double()
-        flat = self.cell_start[f] + ((za == 0).to(self.cell_start.dtype) * 2 + (zb == 0).to(self.cell_start.dtype))
+        flat = self.cell_start[f].add_(za == 0, alpha=2).add_(zb == 0)
         size = n_out * width * 4
         self.cell_sum.view(-1).add_(torch.zeros(size, **batch).index_add_(
             0, flat.reshape(-1), act[:, None].expand(-1, width).reshape(-1)).double())
         bins = ((act.double() - self.low[f]) / self.width[f]).long().clamp(0, self.n_bins - 1)  # [p]
-        self.histogram.add_(torch.bincount((flat * self.n_bins + bins.to(flat.dtype)[:, None]).reshape(-1),
-                                           minlength=size * self.n_bins).double())
+        self.histogram += torch.bincount(flat.mul_(self.n_bins).add_(bins.to(flat.dtype)[:, None]).reshape(-1),
+                                         minlength=size * self.n_bins)
 
     @property
     def cell_active(self) -> torch.Tensor:
         """Tokens per cell where f is active `[n_out, G, 4]`: the histogram's bins summed."""
         n_out, width = self.cross.shape
-        return self.histogram.view(n_out, width, 4, self.n_bins).sum(-1)
+        return self.histogram.view(n_out, width, 4, self.n_bins).sum(-1).double()
 
     def cell_counts(self) -> torch.Tensor:
         """Tokens per cell `[n_out, G, 4]`, over all tokens (from input co-occurrence)."""
@@ -202,7 +204,7 @@ class GateStats:
         """Upper quantile `q` of f's activation per cell `[n_out, G, 4]`, zeros (f inactive)
         included; resolved to the histogram's bin width."""
         n_out, width = self.cross.shape
-        hist = self.histogram.view(n_out, width, 4, self.n_bins).clone()
+        hist = self.histogram.view(n_out, width, 4, self.n_bins).double()
         counts = self.cell_counts()
         zero_bin = ((-self.low) / self.width).long().clamp(0, self.n_bins - 1)  # [n_out]
         inactive = (counts - self.cell_active).clamp_min(0)
