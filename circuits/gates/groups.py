@@ -246,15 +246,17 @@ class GroupStats:
         scale = scale.double()
         on = ((z != 0).float() @ self.membership) > 0  # [t, G]
         act = acts[:, self.outputs].double()  # [t, C]
-        cell = 2 * (~on[:, self.group_a]).long() + (~on[:, self.group_b]).long()  # [t, C]
         C = len(self.outputs)
-        flat = (torch.arange(C, device=z.device) * 4 + cell).reshape(-1)
+        # [t, C] codes and flags made once and in place: these passes over memory are the cost
+        flat = (~on[:, self.group_a]).long().mul_(2).add_(~on[:, self.group_b]).add_(
+            torch.arange(C, device=z.device) * 4).reshape(-1)
+        active = (act != 0).double()  # [t, C]
         self.cell_tokens.view(-1).add_(torch.bincount(flat, minlength=4 * C).double())
         self.cell_sum.view(-1).add_(torch.bincount(flat, weights=act.reshape(-1), minlength=4 * C))
-        self.cell_active.view(-1).add_(torch.bincount(flat, weights=(act != 0).double().reshape(-1), minlength=4 * C))
+        self.cell_active.view(-1).add_(torch.bincount(flat, weights=active.reshape(-1), minlength=4 * C))
         self.act_sum += act.sum(0)
-        self.n_active += (act != 0).double().sum(0)
-        weighted = (act != 0).double() * scale[:, None]  # [t, C]
+        self.n_active += active.sum(0)
+        weighted = active.mul_(scale[:, None])  # [t, C]
         for a, b in self.pairs:
             gates = ((self.group_a == a) & (self.group_b == b)).nonzero()[:, 0]
             # the cross term is zero unless both groups are on, and counts only where a gate's output is active
