@@ -48,6 +48,7 @@ REMOVALS = ("none", "a", "b", "ab")  # what leaves the MLP input: nothing, side 
 # a pair's both-sides removal is derived while the norm's factor grows at most this much with it
 # (its rounding grows as the factor does: 16 keeps it near a whole evaluation's in float32)
 EXACT_GROWTH = 16.0
+REMOVAL_BLOCK = 2048  # removals gathered at once in `evaluate` (memory reused, not faulted in: see there)
 
 
 @dataclass
@@ -131,11 +132,16 @@ class LayerIntervention:
         if projected is None:  # only the tokens evaluated
             unique, token = token.unique(return_inverse=True)
             projected = self.project(source[unique])
-        taken = coef[:, None].to(self.taken.dtype) * self.taken.index_select(0, member)
-        kept = projected.index_select(0, token).index_add_(0, entry, taken, alpha=-1)
+        kept = projected.index_select(0, token)
+        # the removals a block at a time: at the demo's chunk all at once is a [8192, 1152] table, past
+        # glibc's 32 MB ceiling for reusing freed memory, so every call faulted its pages in anew
+        for start in range(0, len(member), REMOVAL_BLOCK):
+            at = slice(start, start + REMOVAL_BLOCK)
+            kept.index_add_(0, entry[at], self.taken.index_select(0, member[at]).mul_(
+                coef[at, None].to(self.taken.dtype)), alpha=-1)
         d_mlp = self.mlp.W_gate.shape[1]
         scale = self.factor(kept[:, 2 * d_mlp :])
-        product = (kept[:, :d_mlp] * kept[:, d_mlp : 2 * d_mlp]) @ self.mlp.W_out * scale[:, None]
+        product = ((kept[:, :d_mlp] * kept[:, d_mlp : 2 * d_mlp]) @ self.mlp.W_out).mul_(scale[:, None])
         pre = torch.addmm(self.bias, product, self.sae_out.W_enc)
         if out is None:
             return pre, (scale if factor else None)
