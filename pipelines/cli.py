@@ -421,6 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit:  # argparse has printed its usage message
         return int(exit.code or 0)
+    from pipelines.runtime import reuse_freed_memory
+
+    reuse_freed_memory()
     from pipelines.engine.cluster import disconnect
 
     try:

@@ -4,6 +4,7 @@ device, and whether and where work fans out over Ray. None of it changes what is
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -73,6 +74,26 @@ class Runtime(Config):
         if self.ray is not None or not self.device.startswith("cpu") or self.threads < 2:
             return 1
         return max(1, min(self.threads, n_tasks))
+
+
+def reuse_freed_memory() -> bool:
+    """Have glibc's allocator keep freed memory for the process's next allocations rather than
+    hand it back to the system; True where it applied (glibc; elsewhere nothing changes).
+
+    By default glibc adapts the size above which it maps fresh pages (up to 32 MB) and returns
+    free memory at the top of a heap beyond twice that size. The stages allocate and free
+    tensors of a few to 30 MB at every step, so the same memory was faulted in again and
+    again: training the demo's eight SAEs took 4.7 million page faults and 10.5 s of system
+    time, and 0.5 million and 2.5 s with a fixed 32 MB threshold and no trimming (the same
+    as `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_`, which must be set before Python
+    starts). The peak memory stays the same; what a stage frees is kept for the next."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
 def auto_threads(sample_s: float = 0.3) -> int:

@@ -440,3 +440,20 @@ def test_a_table_stage_frees_the_kept_streams_when_it_ends_even_on_an_error(tmp_
     with pytest.raises(ValueError, match="failed mid-stage"):
         ensure(Failing(), work, None, {}, Runtime(threads=1, device="cpu"))
     assert work.freed == 1
+
+
+def test_glibc_keeps_freed_memory_for_the_next_allocations(monkeypatch):
+    """The command line asks glibc's allocator for a fixed mapping threshold and no trimming
+    (`reuse_freed_memory`); where the C library is glibc the request must be taken."""
+    import platform
+
+    from pipelines import cli, runtime
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("not glibc: the allocator is left as it is")
+    assert runtime.reuse_freed_memory()
+    asked = []
+    monkeypatch.setattr(runtime, "reuse_freed_memory", lambda: asked.append(True) or True)
+    monkeypatch.setattr(cli, "_run", lambda args: 0)
+    assert cli.main(["report", "--out", "nowhere"]) == 0
+    assert asked == [True]
