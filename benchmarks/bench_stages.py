@@ -467,12 +467,12 @@ def main() -> None:
     if any(r.exists() for r in runs):
         sys.exit(f"--out {out} already holds runs: give a new folder")
     stages = [s for s in STAGES if s in args.stages.split(",")]
-    copied = [stage for stage, name in COPIED.items() if args.source and (args.source / name).is_dir()]
-    if set(copied) & set(stages):
-        sys.exit(f"--from {args.source} holds the output of {', '.join(s for s in stages if s in copied)}, which each "
-                 f"run copies and so does not time: give --stages of later stages only")
+    copied = [s for s in stages if s in COPIED and args.source and (args.source / COPIED[s]).is_dir()]
+    if copied:
+        sys.exit(f"--from {args.source} holds the output of {', '.join(copied)}, which each run copies and so "
+                 f"does not time: give --stages of later stages only")
     for run in runs if args.source else []:
-        for name in ("corpus", "lm", "tokens", "saes"):  # a run without SAEs times train-saes too
+        for name in (*COPIED.values(), "tokens"):  # a run without SAEs times train-saes too
             if (args.source / name).is_dir():
                 shutil.copytree(args.source / name, run / name)
     print(f"demo{' (quick)' if args.quick else ''}, seed {args.seed}, {args.threads} torch thread(s); "

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from circuits.gates.pairs import and_from_cells, cell_means, gate_score
+from circuits.gates.pairs import and_from_cells, cell_means, gate_score, gather_padded
 
 MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
 
@@ -128,11 +128,7 @@ class ReadSetStats:
             self.sum.view(-1).add_(torch.bincount(at, weights=act[token, s], minlength=size))
             self.active.view(-1).add_(torch.bincount(at, minlength=size).double())
             if token.numel():
-                # a flat index_select of the few values read, converted after: not the chunk in float64
-                # nor a two-axis gather, which take several times longer
-                padded = torch.cat([zc, zc.new_zeros(len(zc), 1)], 1).reshape(-1)
-                v = padded.index_select(0, (token[:, None] * (self.n_in + 1) + self.members[s]).reshape(-1))
-                v = v.view(len(token), self.M).double()  # [p, M]
+                v = gather_padded(zc, token, self.members[s])[0].double()  # [p, M]
                 terms = self.cross[s] * v[:, self.i] * v[:, self.j] * scale[start : start + self.token_chunk][token, None].double()
                 self.contribution.index_add_(0, s, terms)
 

@@ -123,7 +123,7 @@ class GateStats:
         (from an earlier pass), which fixes the histogram bins."""
         self.c = candidates
         self.cross = cross
-        # padded candidates read the zero column n_in of the inputs (see `update`); int32, as `update` indexes
+        # padded candidates read the zero column n_in of the inputs (`gather_padded`); int32, its index dtype
         self.a_index = torch.where(candidates.valid, candidates.in_a, n_in).int()
         self.b_index = torch.where(candidates.valid, candidates.in_b, n_in).int()
         device, n_out, width = cross.device, *cross.shape
@@ -158,7 +158,7 @@ class GateStats:
         """
         dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         z, scale, acts = z.to(dtype), scale.to(dtype), acts.to(dtype)
-        n_tokens, n_in = z.shape
+        n_tokens = len(z)
         n_out, width = self.cross.shape
         self.n_tokens += n_tokens
         inputs, co = co_occurrence(z)
@@ -170,10 +170,7 @@ class GateStats:
         act = acts[token, f]
         self.active += torch.bincount(f, minlength=n_out).double()
         self.act_sum.index_add_(0, f, act.double())
-        padded = torch.cat([z, z.new_zeros(n_tokens, 1)], 1).reshape(-1)
-        row = (token * (n_in + 1)).to(_index_dtype(padded.numel()))[:, None]
-        za, zb = (padded.index_select(0, (row + index[f].to(row.dtype)).reshape(-1)).view(len(f), width)
-                  for index in (self.a_index, self.b_index))  # [p, G]
+        za, zb = gather_padded(z, token, self.a_index[f], self.b_index[f])  # [p, G]
         # [p, G] products and codes in place: each pass over them costs as much as the arithmetic
         contribution = self.cross.to(dtype)[f].mul_(za).mul_(zb).mul_(scale[token, None])
         batch = dict(dtype=dtype, device=z.device)
@@ -264,6 +261,17 @@ def co_occurrence(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pairs = table[:, :, None] * (n_in + 1) + table[:, None, :]
     co = torch.bincount(pairs.reshape(-1), minlength=(n_in + 1) ** 2).view(n_in + 1, n_in + 1)[:n_in, :n_in]
     return torch.bincount(latent, minlength=n_in), co
+
+
+def gather_padded(z: torch.Tensor, token: torch.Tensor, *columns: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """`z[token[i], c[i, j]]` for each `c [p, M]` of `columns`, column n_in (padding) reading
+    zero; `z [t, n_in]`, `token [p]`. One flat `index_select` per `c` from a copy of z with a
+    zero column: a padded slot needs no mask afterwards, and the values read are only these
+    (not z converted whole); indices in int32 where the sizes allow (half the traffic)."""
+    n_tokens, n_in = z.shape
+    padded = torch.cat([z, z.new_zeros(n_tokens, 1)], 1).reshape(-1)
+    row = (token * (n_in + 1)).to(_index_dtype(padded.numel()))[:, None]
+    return tuple(padded.index_select(0, (row + c.to(row.dtype)).reshape(-1)).view(c.shape) for c in columns)
 
 
 def _index_dtype(size: int) -> torch.dtype:
