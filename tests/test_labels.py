@@ -99,6 +99,28 @@ def test_spans_label_exactly_the_tokens_inside():
     assert labeller.label("plain", [(0, 5)], None, []) == {}
 
 
+def test_spans_label_the_tokens_inside_whatever_the_offsets():
+    # ordered offsets take a shortcut (bisection); empty tokens and offsets that step back do not:
+    # both must give exactly the tokens whose [start, end) is non-empty and inside the span
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        n = int(rng.integers(1, 30))
+        cuts = np.sort(rng.integers(0, 80, size=2 * n))
+        offsets = [(int(a), int(b)) for a, b in cuts.reshape(n, 2)]
+        if trial % 3 == 1:  # empty tokens
+            offsets = [(a, a) if rng.random() < 0.2 else (a, b) for a, b in offsets]
+        if trial % 3 == 2:  # out of order
+            offsets = [offsets[i] for i in rng.permutation(n)]
+        spans = [(int(a), int(b), f"c{i % 3}") for i, (a, b) in enumerate(np.sort(rng.integers(0, 80, (5, 2))))]
+        out = Labeller(None, None, lowercase=True).label("x" * 80, offsets, None, spans)
+        for channel in ("c0", "c1", "c2"):
+            want = np.zeros(n, dtype=np.int8)
+            for a, b, name in spans:
+                if name == channel:
+                    want[[i for i, (s, e) in enumerate(offsets) if a <= s < e <= b]] = 1
+            assert np.array_equal(out.get(channel, np.zeros(n, dtype=np.int8)), want), (offsets, spans, channel)
+
+
 def test_document_class_labels_every_token():
     labeller = Labeller(None, "polarity", lowercase=True)
     pos = labeller.label("great film", [(0, 5), (6, 10)], "pos", None)
