@@ -386,7 +386,9 @@ def paper_flops(cfg, demo_model) -> dict:
 
 
 def run_child(code: Path, stage: str, out: Path, args) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(code), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+    # the code tree first; what PYTHONPATH held stays after it (packages installed there)
+    path = os.pathsep.join([str(code)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = {**os.environ, "PYTHONPATH": path, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "WANDB_MODE": "disabled", "TQDM_DISABLE": "1"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--out", str(out),
            "--threads", str(args.threads), "--seed", str(args.seed), "--profile-lines", str(args.profile_lines)]

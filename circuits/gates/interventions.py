@@ -67,13 +67,17 @@ class Sides:
         """Candidates `at` (indices) of these, in that order."""
         return Sides(self.out[at], self.a[at], self.b[at])
 
+    def to(self, device: torch.device | str) -> "Sides":
+        return Sides(self.out.to(device), self.a.to(device), self.b.to(device))
+
     @classmethod
     def of_pairs(cls, out: torch.Tensor, in_a: torch.Tensor, in_b: torch.Tensor) -> "Sides":
         return cls(out.long(), in_a.long()[:, None], in_b.long()[:, None])
 
     @classmethod
-    def of_groups(cls, out: list[int], members_a: list[list[int]], members_b: list[list[int]]) -> "Sides":
-        return cls(torch.tensor(out, dtype=torch.long), padded(members_a), padded(members_b))
+    def of_groups(cls, out: list[int], members_a: list[list[int]], members_b: list[list[int]],
+                  device: torch.device | str = "cpu") -> "Sides":
+        return cls(torch.tensor(out, dtype=torch.long), padded(members_a), padded(members_b)).to(device)
 
 
 def padded(groups: list[list[int]]) -> torch.Tensor:

@@ -59,7 +59,8 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     flat = cache.flat[entries.token]
     row, position = flat // cache.n_ctx, flat % cache.n_ctx
     out = sides.out[entries.cand]
-    boost = {f: torch.tensor(boosted.get(f, []), dtype=torch.long) for f in out.unique().tolist()}
+    device = cache.source.device
+    boost = {f: torch.tensor(boosted.get(f, []), dtype=torch.long, device=device) for f in out.unique().tolist()}
     measured = {"before": _measure_runs(model, cache, saes, [(r, None, None) for r in row.unique().tolist()],
                                         row, position, out, boost, batch_rows, per_entry=None)}
     latents = latent_lookup(cache.z)
@@ -68,9 +69,9 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     removals["both"] = tuple(torch.cat([x, y]) for x, y in zip(removals["a"], removals["b"]))
     records = []
     for ablated, (entry, member, coef) in removals.items():
-        delta = torch.zeros(len(entries.cand), cache.source.shape[1], dtype=cache.source.dtype).index_add_(
-            0, entry, coef[:, None] * sae_in.W_dec[member])
-        items = sorted({(int(c), int(r)) for c, r in zip(entries.cand, row)})
+        delta = torch.zeros(len(entries.cand), cache.source.shape[1], dtype=cache.source.dtype,
+                            device=device).index_add_(0, entry, coef[:, None] * sae_in.W_dec[member])
+        items = sorted(set(zip(entries.cand.tolist(), row.tolist())))
         measured[ablated] = _measure_runs(model, cache, saes, [(r, c, delta) for c, r in items], row, position, out,
                                           boost, batch_rows, per_entry=entries.cand)
         pre_local, act_local = local.evaluate(cache.source, entries.token, out, entry, member, coef)
@@ -100,15 +101,16 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
     from passes of the model from the layer onward: `items` are (row, candidate, delta),
     each a pass of one row with candidate's removals `delta [E, d]` at its entries in the row
     (None: a clean pass; then `per_entry` is None and every entry of the row is read)."""
-    E = len(row)
+    E, device = len(row), row.device
     # boosted tokens of every output, padded: ids [n_out, L] and whether each is one (none: NaN)
     n_out = int(out.max()) + 1 if len(out) else 0
     width = max([len(t) for t in boost.values()] + [1])
-    boost_ids = torch.zeros(n_out, width, dtype=torch.long)
-    boost_mask = torch.zeros(n_out, width, dtype=torch.float64)
+    boost_ids = torch.zeros(n_out, width, dtype=torch.long, device=device)
+    boost_mask = torch.zeros(n_out, width, dtype=torch.float64, device=device)
     for f, ids in boost.items():
         boost_ids[f, : len(ids)], boost_mask[f, : len(ids)] = ids, 1.0
-    result = {k: torch.full((E,), float("nan"), dtype=torch.float64) for k in ("pre", "act", "logprob")}
+    result = {k: torch.full((E,), float("nan"), dtype=torch.float64, device=device)
+              for k in ("pre", "act", "logprob")}
     read = lambda r, c: (row == r) if c is None else (row == r) & (per_entry == c)  # noqa: E731
     # a pass runs to its batch's last read position: batch items of similar length together
     items = sorted(items, key=lambda item: int(position[read(item[0], item[1])].max()))
@@ -118,7 +120,7 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
         reads = [read(r, c) for r, c, _ in chunk]
         length = max(int(position[m].max()) + 1 for m in reads)
         resid = cache.resid_pre[[r for r, _, _ in chunk], :length]
-        removal = torch.zeros(len(chunk), length, resid.shape[-1], dtype=cache.source.dtype)
+        removal = torch.zeros(len(chunk), length, resid.shape[-1], dtype=cache.source.dtype, device=device)
         for i, ((_, _, delta), m) in enumerate(zip(chunk, reads)):
             if delta is not None:
                 removal[i, position[m]] = delta[m]
@@ -128,7 +130,7 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
             pos = position[index]
             mlp_out = found[MLP_OUT][i, pos].to(saes.sae_out.weights.W_enc.dtype)
             f = out[index]
-            rows = torch.arange(len(index))
+            rows = torch.arange(len(index), device=device)
             result["pre"][index] = saes.sae_out.weights.pre(mlp_out)[rows, f].double()
             result["act"][index] = saes.sae_out.weights.encode(mlp_out)[rows, f].double()
             logprob = F.log_softmax(forward.unembed(model, found["final"][i, pos]).double(), -1)

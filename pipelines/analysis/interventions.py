@@ -171,7 +171,7 @@ def intervention_columns(layer: LayerIntervention, cache: LayerCache, sides: Sid
 
 def columns_of(table: dict[str, torch.Tensor], cfg) -> pd.DataFrame:
     """`IV_COLUMNS` of the candidates of an `intervention_table`, one row each."""
-    table = dict(table)
+    table = {k: v.cpu() for k, v in table.items()}
     second = table.pop("act_second").numpy()
     frame = pd.DataFrame({"iv_tokens": table["n_tokens"].numpy().astype(np.int64),
                           **{k: table[k].numpy() for k in table if k != "n_tokens"}})
@@ -202,8 +202,7 @@ def retested(layer: LayerIntervention, cache: LayerCache, frame: pd.DataFrame, s
         if done[order[: cfg.n_ablate]].all():
             break
         pick = np.array([i for i in order if not done[i]][: cfg.shortlist], dtype=np.int64)
-        at = torch.from_numpy(pick)
-        mine = sides.subset(at)
+        mine = sides.subset(torch.from_numpy(pick).to(sides.out.device))
         found = intervention_columns(layer, cache, mine, cache.sample(mine, False, cfg.retest_tokens, cfg.seed), cfg)
         frame = frame.copy()
         for column in IV_COLUMNS:
@@ -269,7 +268,7 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
         if not proposed:
             break
         trial = Sides.of_groups([int(sides.out[i]) for i, _, _ in proposed], [na for _, na, _ in proposed],
-                                [nb for _, _, nb in proposed])
+                                [nb for _, _, nb in proposed], sides.out.device)
         tried = intervention_table(layer, cache.source, cache.z, trial, ranking_entries(cache, trial, cfg))
         same = ((_kept(tried) - whole[[i for i, _, _ in proposed]]).abs() <= cfg.prune).all(1)  # NaN never the same
         for j, ((i, na, nb), ok) in enumerate(zip(proposed, same.tolist())):
@@ -277,7 +276,7 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
                 a[i], b[i], open_[i] = na, nb, True
                 for name, values in table.items():
                     values[i] = tried[name][j]
-        sides = Sides.of_groups(sides.out.tolist(), a, b)
+        sides = Sides.of_groups(sides.out.tolist(), a, b, sides.out.device)
         if not any(open_):
             break
         entries = ranking_entries(cache, sides, cfg)
@@ -286,7 +285,7 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
 
 def _subset(sides: Sides, entries: Entries, index: list[int]) -> tuple[Sides, Entries]:
     """Candidates `index` of `sides` and their entries, renumbered in that order."""
-    at = torch.tensor(index, dtype=torch.long)
+    at = torch.tensor(index, dtype=torch.long, device=sides.out.device)
     position = _positions(at, len(sides))
     keep = position[entries.cand] >= 0
     return sides.subset(at), Entries(position[entries.cand[keep]], entries.token[keep])

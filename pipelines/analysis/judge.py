@@ -44,8 +44,9 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     keys = {"layer": layer, "outputs": "sae", "input_site": saes.input_site}
 
     pairs = pair_candidates(circuits["gates"], circuits["interactions"], cfg)
-    pair_sides = Sides.of_pairs(*(torch.tensor(pairs[c].to_numpy(dtype=np.int64)) for c in ("out_feature", "in_a",
-                                                                                            "in_b")))
+    device = cache.source.device  # the candidates' sides live where the token cache does
+    pair_sides = Sides.of_pairs(*(torch.tensor(pairs[c].to_numpy(dtype=np.int64), device=device)
+                                  for c in ("out_feature", "in_a", "in_b")))
     pairs = pd.concat([pairs, intervention_columns(local, cache, pair_sides, ranking_entries(cache, pair_sides, cfg),
                                                    cfg)], axis=1)
     same, pair_evidence = pair_split_evidence(pairs, facts, cfg)
@@ -59,7 +60,7 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         batches=cache.batches(), cfg=cfg)
     if len(group_gates):
         group_sides = Sides.of_groups(group_gates["out_feature"].tolist(), list(group_gates["members_a"]),
-                                      list(group_gates["members_b"]))
+                                      list(group_gates["members_b"]), device)
         group_sides, table = pruned_groups(local, cache, group_sides, cfg)
         group_gates = pd.concat([group_gates.reset_index(drop=True), columns_of(table, cfg)],
                                 axis=1).assign(**side_lists(group_sides))
@@ -76,8 +77,8 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
         tried.update(ablation_key(r) for r in chosen.to_dict("records"))
         a, b = CIRCUIT_SIDES[kind]
         sides = Sides.of_groups(chosen["out_feature"].astype(int).tolist(),
-                                [list(m) for m in chosen[a]], [list(m) for m in chosen[b]]) \
-            if len(chosen) else Sides.of_groups([], [], [])
+                                [list(m) for m in chosen[a]], [list(m) for m in chosen[b]], device) \
+            if len(chosen) else Sides.of_groups([], [], [], device)
         names = [{"out_feature": int(r["out_feature"]), **{k: int(r[k]) for k in key}} for r in chosen.to_dict("records")]
         frame = confirm(model, cache, saes, mlp, sides, names, boosted=boosted, max_tokens=cfg.ablate_tokens,
                         seed=cfg.seed)

@@ -26,6 +26,10 @@ from pipelines.data.tokenizer import BOS, display_token
 from pipelines.engine.paths import RunPaths
 from pipelines.inputs import LayerPlan, ModelInputs
 
+# A graph is built on the CPU in float64 whatever --device says: it is one prompt's exact
+# arithmetic, and circuits.attribution has run on no GPU yet (the stages before it have)
+GRAPH_DEVICE = "cpu"
+
 
 @dataclass(frozen=True)
 class GraphConfig(Config):
@@ -115,8 +119,8 @@ def load_layer_saes(run: RunPaths, inputs: ModelInputs, plan: dict[int, LayerPla
         if not (mine.explicit or mine.has_saes()):
             continue
         s = mine.saes(inputs)
-        found[layer] = LayerSAETensors(s.sae_in.weights.to(torch.float64), s.input_site,
-                                       s.sae_out.weights.to(torch.float64))
+        found[layer] = LayerSAETensors(s.sae_in.weights.to(torch.float64, GRAPH_DEVICE), s.input_site,
+                                       s.sae_out.weights.to(torch.float64, GRAPH_DEVICE))
     if not found:
         sites = sorted({mine.input_site for mine in plan.values()})
         raise FileNotFoundError(f"no pairs of {' or '.join(sites)} and {OUTPUT_SITE} SAEs in {run.saes}: run "
@@ -125,9 +129,9 @@ def load_layer_saes(run: RunPaths, inputs: ModelInputs, plan: dict[int, LayerPla
 
 
 def float64_model(inputs: ModelInputs):
-    """A float64 copy of the model (TransformerLens prints when it casts)."""
+    """A float64 copy of the model on `GRAPH_DEVICE` (TransformerLens prints when it casts)."""
     with contextlib.redirect_stdout(io.StringIO()):
-        return copy.deepcopy(inputs.model).to(torch.float64)
+        return copy.deepcopy(inputs.model).to(GRAPH_DEVICE).to(torch.float64)
 
 
 def build_graph(prompt: str, model, tokenizer, saes: dict[int, LayerSAETensors], cfg: GraphConfig,

@@ -91,4 +91,4 @@ def interaction_submatrix(model, layer: int, feature: int, saes: LayerSAEs, inpu
     basis = input_basis(w_in.W_dec.double(), w_in.b_dec.double(), input_gain(saes.input_site, mlp.g))
     u = saes.sae_out.weights.W_enc.T[feature : feature + 1].double()
     Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, u)[0]
-    return project(Q, basis[:, inputs]).numpy()
+    return project(Q, basis[:, inputs]).cpu().numpy()
