@@ -126,3 +126,14 @@ assert tl.SUPPORTED_ACTIVATIONS["identity"] is lm.identity
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_model_built_for_the_cpu_says_so_where_a_gpu_is_present(monkeypatch, tmp_path):
+    # TransformerLens fills a config's device with CUDA when torch sees one; the passes that move
+    # their batches to the model's device read it there (a GPU check of `--device cpu` sent the
+    # held-out batches to CUDA while the model stayed on the CPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model = build_model(PRESETS["tiny"].replace(d_vocab=50), "cpu", seed=0)
+    assert model.cfg.device == "cpu"
+    save_model(model, PRESETS["tiny"].replace(d_vocab=50), tmp_path / "lm")
+    assert load_model(tmp_path / "lm", "cpu")[0].cfg.device == "cpu"

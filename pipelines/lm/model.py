@@ -69,8 +69,9 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def hooked_config(cfg: ModelConfig, seed: int | None = None) -> HookedTransformerConfig:
-    """The TransformerLens config of a bilinear LM of shape `cfg`."""
+def hooked_config(cfg: ModelConfig, seed: int | None = None, device: str = "cpu") -> HookedTransformerConfig:
+    """The TransformerLens config of a bilinear LM of shape `cfg` on `device` (left unsaid,
+    TransformerLens would name CUDA wherever torch sees one, wherever the model is)."""
     from transformer_lens import HookedTransformerConfig
 
     _register_identity()
@@ -92,6 +93,7 @@ def hooked_config(cfg: ModelConfig, seed: int | None = None) -> HookedTransforme
         seed=seed,  # TransformerLens seeds torch, numpy and random globally from it
         default_prepend_bos=False,
         model_name="bilinear-lm",
+        device=device,
     )
 
 
@@ -107,7 +109,7 @@ def build_model(cfg: ModelConfig, device: str = "cpu", seed: int | None = None) 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="HookedTransformer is deprecated")
         with torch.random.fork_rng(devices=[]) if seed is None else contextlib.nullcontext():
-            model = HookedTransformer(hooked_config(cfg, seed), move_to_device=False)
+            model = HookedTransformer(hooked_config(cfg, seed, device), move_to_device=False)
     return model.to(device, print_details=False) if device != "cpu" else model
 
 
