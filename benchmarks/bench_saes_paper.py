@@ -63,23 +63,25 @@ class Rows:
         return tokens != 1
 
 
-def paper_model():
+def paper_model(device: str = "cpu"):
     from pipelines.lm.model import PRESETS, build_model
 
     torch.manual_seed(0)
-    return build_model(PRESETS["paper"].replace(d_vocab=VOCAB)).eval()
+    return build_model(PRESETS["paper"].replace(d_vocab=VOCAB), device).eval()
 
 
-def run_new(steps: int, buffer_tokens: int) -> dict:
+def run_new(steps: int, buffer_tokens: int, device: str = "cpu") -> dict:
     from sae.config import SAETrainConfig
     from sae.train import train_saes
 
-    model = paper_model()
+    model = paper_model(device)
     cfg = SAETrainConfig(k=K, train_tokens=steps * BATCH, batch_size=BATCH, buffer_tokens=buffer_tokens,
                          lr=1e-4).resolve(D_MODEL)
     rows = Rows(4 * steps * BATCH // (N_CTX - 1) + 64)
     start = time.perf_counter()
-    train_saes(model, rows, POINTS, cfg)
+    train_saes(model, rows, POINTS, cfg, device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "activation_disk_bytes": 0}
 
@@ -143,7 +145,7 @@ def run_old(steps: int, all_points: bool) -> dict:
 def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     if args.child == "new":
-        result = run_new(args.steps, args.buffer_tokens)
+        result = run_new(args.steps, args.buffer_tokens, args.device)
     else:
         result = run_old(args.steps, args.child == "old-all")
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -152,7 +154,7 @@ def child(args: argparse.Namespace) -> None:
 
 def spawn(kind: str, steps: int, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--child", kind, "--steps", str(steps), "--threads", str(args.threads),
-               "--buffer-tokens", str(args.buffer_tokens)]
+               "--buffer-tokens", str(args.buffer_tokens), "--device", args.device]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -161,6 +163,18 @@ def spawn(kind: str, steps: int, args: argparse.Namespace) -> dict:
     result["tokens_per_sae"] = steps * BATCH
     result["tokens_per_s_per_sae"] = steps * BATCH / result["seconds"]
     return result
+
+
+def measured_projection(results: dict, device: str) -> None:
+    """The new path's rate on `device` and the full run at that rate (the x4 run's: its start-up,
+    the first buffer's fill, weighs a quarter as much)."""
+    for name, r in results.items():
+        print(f"{name:>8} {r['tokens_per_sae']:>11} tokens/SAE {r['seconds']:>8.1f} s {r['tokens_per_s_per_sae']:>10.0f} "
+              f"tok/s per SAE (all 12 at once)")
+    rate = results["new x4"]["tokens_per_s_per_sae"]
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+    print(f"\nfull run (150M tokens per SAE, all 12 SAEs) at that rate on one {name}: "
+          f"{PAPER_TOKENS / rate / 60:.0f} minutes (measured rate, projected length)")
 
 
 def forward_flops_per_token() -> float:
@@ -182,14 +196,20 @@ def main() -> None:
     parser.add_argument("--buffer-tokens", type=int, default=32768, help="shuffle buffer per point (new path)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--old-all-points", action="store_true", help="old path: all points in one cached pass")
+    parser.add_argument("--device", default="cpu", help="where the new path runs (cuda: it alone is timed, and the "
+                                                        "full run projected from its rate there)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
     print(f"12 SAEs (6 layers x resid_mid, mlp_out), d_model {D_MODEL}, d_sae {4 * D_MODEL}, k {K}, batch {BATCH}; "
-          f"{args.steps} steps per SAE; {args.threads} torch threads; buffer {args.buffer_tokens} tokens per point")
+          f"{args.steps} steps per SAE; {args.threads} torch threads; buffer {args.buffer_tokens} tokens per point; "
+          f"on {args.device}")
     results = {"new": spawn("new", args.steps, args), "new x4": spawn("new", 4 * args.steps, args)}
+    if args.device != "cpu":
+        measured_projection(results, args.device)
+        return
     old = "old-all" if args.old_all_points else "old"
     results[old] = spawn(old, args.steps, args)
     gib = 2 ** 30
