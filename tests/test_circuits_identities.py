@@ -43,7 +43,7 @@ def bilinear_model(seed: int = 0) -> HookedTransformer:
         n_layers=2, d_model=D, n_heads=2, d_head=D // 2, d_mlp=H, n_ctx=16, d_vocab=50,
         act_fn="identity", gated_mlp=True, normalization_type="RMS",
         positional_embedding_type="rotary", rotary_dim=D // 2, eps=1e-5, seed=seed,
-        dtype=F64,
+        dtype=F64, device="cpu",  # left unsaid, TransformerLens names CUDA wherever torch sees one
     )
     model = HookedTransformer(cfg, move_to_device=False)
     gen = torch.Generator().manual_seed(seed)

@@ -106,7 +106,7 @@ def test_a_point_trains_alike_whichever_points_train_beside_it(lm_run, tmp_path)
     (a group of points on a Ray worker trains the same SAEs as all of them here)."""
     alone = _copy(lm_run, tmp_path, "alone")
     together = _copy(lm_run, tmp_path, "together")
-    short = [*SAES, "--train-tokens", "20480"]
+    short = [*SAES, "--train-tokens", "20480", "--device", "cpu"]  # bit for bit: sums in a fixed order
     assert main(["train-saes", "--out", str(alone), "--sites", "mlp_out", "--layers", "1", *short]) == 0
     assert main(["train-saes", "--out", str(together), "--sites", "resid_mid,mlp_in,mlp_out", *short]) == 0
     a, b = _weights(alone), _weights(together)

@@ -25,7 +25,9 @@ TABLES = ["sae_metrics", "interactions", "gates", "gate_truth", "eigen", "eigen_
 
 
 def stage(run: Path, name: str, seed: int, *extra: str) -> None:
-    threads = [] if name == "corpus" else ["--threads", "1"]  # the corpus generator runs no torch
+    # the corpus generator runs no torch; the rest on the CPU, where sums have a fixed order (a
+    # GPU's atomic adds do not: there the SAEs of two runs differ in their last bits)
+    threads = [] if name == "corpus" else ["--threads", "1", "--device", "cpu"]
     assert main([name, "--out", str(run), *threads, "--seed", str(seed), *STAGES[name], *extra]) == 0, name
 
 
