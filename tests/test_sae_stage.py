@@ -20,8 +20,10 @@ from pipelines.cli import main
 
 pytestmark = pytest.mark.slow
 
+# on the CPU, where sums have a fixed order: the tests hold SAEs bit for bit (a GPU's atomic adds
+# sum in no fixed order)
 SAES = ["--train-tokens", "81920", "--batch-size", "1024", "--buffer-tokens", "8192", "--k", "4",
-        "--eval-rows", "8", "--threads", "1"]
+        "--eval-rows", "8", "--threads", "1", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,8 @@ def test_resume_after_sigkill_gives_the_same_saes(lm_run, tmp_path, capsys):
     assert main(["train-saes", "--out", str(straight), *args[1:]]) == 0
     command = [sys.executable, "-m", "pipelines", "train-saes", "--out", str(killed), *args[1:]]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
     deadline = time.time() + 120
     while not list((killed / "saes").glob("checkpoint-*.pt")):
         assert proc.poll() is None, "training ended before its first checkpoint"
@@ -106,7 +109,7 @@ def test_a_point_trains_alike_whichever_points_train_beside_it(lm_run, tmp_path)
     (a group of points on a Ray worker trains the same SAEs as all of them here)."""
     alone = _copy(lm_run, tmp_path, "alone")
     together = _copy(lm_run, tmp_path, "together")
-    short = [*SAES, "--train-tokens", "20480", "--device", "cpu"]  # bit for bit: sums in a fixed order
+    short = [*SAES, "--train-tokens", "20480"]
     assert main(["train-saes", "--out", str(alone), "--sites", "mlp_out", "--layers", "1", *short]) == 0
     assert main(["train-saes", "--out", str(together), "--sites", "resid_mid,mlp_in,mlp_out", *short]) == 0
     a, b = _weights(alone), _weights(together)
