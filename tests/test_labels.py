@@ -100,25 +100,41 @@ def test_spans_label_exactly_the_tokens_inside():
 
 
 def test_spans_label_the_tokens_inside_whatever_the_offsets():
-    # ordered offsets take a shortcut (bisection); empty tokens and offsets that step back do not:
-    # both must give exactly the tokens whose [start, end) is non-empty and inside the span
+    # ordered offsets take a shortcut (bisection over the non-empty tokens); offsets that step back
+    # do not: both must give exactly the definition, a non-empty token [s, e) taking the label of
+    # the last span [a, b] with a <= s and e <= b, whatever the tokens' overlaps, repeats and gaps
     rng = np.random.default_rng(0)
-    for trial in range(300):
-        n = int(rng.integers(1, 30))
-        cuts = np.sort(rng.integers(0, 80, size=2 * n))
-        offsets = [(int(a), int(b)) for a, b in cuts.reshape(n, 2)]
-        if trial % 3 == 1:  # empty tokens
+    ordered_trials = 0
+    for trial in range(600):
+        n, kind = int(rng.integers(1, 30)), trial % 5
+        starts = np.sort(rng.integers(0, 80, n))
+        ends = np.maximum.accumulate(starts + rng.integers(0, 12, n))  # overlapping and repeated
+        if kind == 3:  # starts in order, ends not (nested tokens)
+            ends = starts + rng.integers(1, 12, n)
+        if kind == 4:  # ends in order, starts not
+            starts = ends - rng.integers(1, 12, n)
+        offsets = [(int(a), int(b)) for a, b in zip(starts, ends)]
+        if kind == 1:  # empty tokens
             offsets = [(a, a) if rng.random() < 0.2 else (a, b) for a, b in offsets]
-        if trial % 3 == 2:  # out of order
+        if kind == 2:  # out of order
             offsets = [offsets[i] for i in rng.permutation(n)]
-        spans = [(int(a), int(b), f"c{i % 3}") for i, (a, b) in enumerate(np.sort(rng.integers(0, 80, (5, 2))))]
-        out = Labeller(None, None, lowercase=True).label("x" * 80, offsets, None, spans)
-        for channel in ("c0", "c1", "c2"):
-            want = np.zeros(n, dtype=np.int8)
+        full = [(a, b) for a, b in offsets if a < b]
+        ordered_trials += [a for a, _ in full] == sorted(a for a, _ in full) and \
+            [b for _, b in full] == sorted(b for _, b in full)
+        spans = [(int(a), int(b), str(rng.choice(["c=x", "c=y", "d"]))) for a, b in rng.integers(-5, 90, (6, 2))]
+        labeller = Labeller(None, None, lowercase=True)
+        out = labeller.label("x" * 80, offsets, None, spans)
+        for channel in ("c", "d"):
+            want = [None] * n
             for a, b, name in spans:
-                if name == channel:
-                    want[[i for i, (s, e) in enumerate(offsets) if a <= s < e <= b]] = 1
-            assert np.array_equal(out.get(channel, np.zeros(n, dtype=np.int8)), want), (offsets, spans, channel)
+                if name.partition("=")[0] == channel:
+                    for i, (s, e) in enumerate(offsets):
+                        if a <= s < e <= b:
+                            want[i] = name.partition("=")[2] or channel
+            codes = out.get(channel, np.zeros(n, dtype=np.int8)).tolist()
+            got = [labeller.classes[channel][c - 1] if c else None for c in codes]
+            assert got == want, (offsets, spans, channel)
+    assert ordered_trials >= 200  # the shortcut was taken often enough to be tested
 
 
 def test_document_class_labels_every_token():

@@ -111,23 +111,27 @@ class Labeller:
               spans: list[tuple[int, int, str]] | None) -> dict[str, np.ndarray]:
         """Codes `[n_tokens]` int8 per channel for a document's tokens with char `offsets`."""
         n = len(offsets)
-        starts, ends = [a for a, _ in offsets], [b for _, b in offsets]
+        # an empty token is never labelled: the others, where neither bound ever steps back (a
+        # tokenizer's offsets, read in order), lie inside a span in one run, found by bisection (a
+        # mask over the document per span was most of the time it took to tokenize the demo's corpus)
+        kept = [i for i, (a, b) in enumerate(offsets) if a < b]
+        starts, ends = [offsets[i][0] for i in kept], [offsets[i][1] for i in kept]
+        ordered = starts == sorted(starts) and ends == sorted(ends)
+        if not ordered:
+            starts, ends = np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+        whole = len(kept) == n  # no empty token: the run is a slice of the document's tokens
         out: dict[str, np.ndarray] = {}
-        # where neither bound ever steps back and no token is empty (a tokenizer's offsets, read in
-        # order), the tokens inside a span are one run, found by bisection: a mask over the document
-        # per span was most of the time it took to tokenize the demo's corpus
-        run = starts == sorted(starts) and ends == sorted(ends) and all(map(int.__lt__, starts, ends))
 
         def mark(channel: str, label: str, a: int, b: int) -> None:
-            if run:
-                inside = slice(bisect_left(starts, a), bisect_right(ends, b))
-                found = inside.start < inside.stop
+            if ordered:
+                lo, hi = bisect_left(starts, a), bisect_right(ends, b)
+                run, found = slice(lo, hi) if whole else kept[lo:hi], lo < hi
             else:
-                inside = (np.array(starts) >= a) & (np.array(ends) <= b) & (np.array(ends) > np.array(starts))
-                found = inside.any()
+                run = [kept[i] for i in np.flatnonzero((starts >= a) & (ends <= b))]
+                found = bool(run)
             if found:
                 codes = out.setdefault(channel, np.zeros(n, dtype=np.int8))
-                codes[inside] = self._code(channel, label)
+                codes[run] = self._code(channel, label)
 
         for a, b, name in spans or ():
             channel, _, label = name.partition("=")
