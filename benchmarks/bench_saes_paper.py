@@ -39,6 +39,7 @@ import torch
 os.environ.setdefault("WANDB_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from circuits.sites import DEFAULT_SAE_SITES  # noqa: E402
+from pipelines.runtime import Runtime  # noqa: E402
 
 LAYERS, D_MODEL, N_CTX, VOCAB, BATCH, K = 6, 512, 256, 4096, 4096, 30
 PAPER_TOKENS = 150_000_000
@@ -196,10 +197,15 @@ def main() -> None:
     parser.add_argument("--buffer-tokens", type=int, default=32768, help="shuffle buffer per point (new path)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--old-all-points", action="store_true", help="old path: all points in one cached pass")
-    parser.add_argument("--device", default="cpu", help="where the new path runs (cuda: it alone is timed, and the "
-                                                        "full run projected from its rate there)")
+    parser.add_argument("--device", default="cpu", help="where the new path runs: cpu, cuda or cuda:N (on a GPU it "
+                                                        "alone is timed, and the full run projected from its rate "
+                                                        "there), or auto")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    try:
+        args.device = Runtime(threads=args.threads, device=args.device).resolved(announce=False).device
+    except ValueError as err:
+        parser.error(str(err))
     if args.child:
         child(args)
         return

@@ -66,7 +66,8 @@ def test_resume_after_sigkill_gives_the_same_saes(lm_run, tmp_path, capsys):
     command = [sys.executable, "-m", "pipelines", "train-saes", "--out", str(killed), *args[1:]]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
+                                [str(Path(__file__).resolve().parents[1])]
+                                + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))})
     deadline = time.time() + 120
     while not list((killed / "saes").glob("checkpoint-*.pt")):
         assert proc.poll() is None, "training ended before its first checkpoint"
