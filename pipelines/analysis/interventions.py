@@ -267,7 +267,8 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
         open_ = [False] * len(sides)
         if not proposed:
             break
-        trial = Sides.of_groups([int(sides.out[i]) for i, _, _ in proposed], [na for _, na, _ in proposed],
+        outputs = sides.out.tolist()  # once: an element of a GPU tensor is a wait for the device
+        trial = Sides.of_groups([outputs[i] for i, _, _ in proposed], [na for _, na, _ in proposed],
                                 [nb for _, _, nb in proposed], sides.out.device)
         tried = intervention_table(layer, cache.source, cache.z, trial, ranking_entries(cache, trial, cfg))
         same = ((_kept(tried) - whole[[i for i, _, _ in proposed]]).abs() <= cfg.prune).all(1)  # NaN never the same
