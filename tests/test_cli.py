@@ -19,6 +19,7 @@ import torch
 
 from pipelines.cli import main
 from pipelines.engine.tables import provenance
+from tests.children import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,6 @@ TABLES = ("sae_metrics", "interactions", "gates", "gate_truth", "eigen", "eigen_
 VERDICT_TABLES = ("gate_ablation", "group_gates", "group_truth", "group_ablation", "gate_verdicts")
 CIRCUITS = ["--top-n", "10", "--max-rank", "4", "--corr-rows", "64", "--min-active", "5"]
 VERDICTS = ["--rows", "64", "--n-ablate", "2", "--min-cell", "5"]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def test_bad_input_gives_clear_errors(run, tmp_path, capsys):
 def test_debug_shows_the_traceback_of_an_error(run, tmp_path, capsys):
     argv = ["circuits", "--out", str(run), "--layers", "5"]
     command = [sys.executable, "-m", "pipelines", *argv]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     plain = subprocess.run(command, capture_output=True, text=True, env=env)
     assert plain.returncode == 2
     assert "Traceback" not in plain.stderr

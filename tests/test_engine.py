@@ -22,6 +22,7 @@ from pipelines.engine.lock import RunBusyError, run_lock
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.stamps import Stamp
 from pipelines.engine.tables import has_table, provenance, read_table, table_path, write_table
+from tests.children import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -217,7 +218,7 @@ except RunBusyError as err:
 
 
 def python(code: str, *args: str, **kw) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = child_env()
     return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=env, text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, **kw)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pipelines.lm.model import PRESETS, ModelConfig, build_model, load_model, model_digest, save_model
+from tests.children import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +124,7 @@ assert "identity" not in tl.SUPPORTED_ACTIVATIONS, "registered on import"
 lm.build_model(lm.PRESETS["tiny"])
 assert tl.SUPPORTED_ACTIVATIONS["identity"] is lm.identity
 """
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    env = child_env(HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 

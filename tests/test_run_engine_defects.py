@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pipelines.cli import main
+from tests.children import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -239,7 +240,7 @@ def test_a_second_command_on_a_busy_run_is_refused_naming_the_holder(run, tmp_pa
     busy = subprocess.Popen(
         [sys.executable, "-m", "pipelines", "train-lm", "--out", str(copy), "--corpus", str(run / "corpus"),
          "--preset", "tiny", "--train-tokens", "4000000", "--vocab-size", "600", "--force"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env())
     try:
         deadline = time.time() + 60
         while not (copy / ".lock").is_file() or str(busy.pid) not in (copy / ".lock").read_text():

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.cli import main
+from tests.children import child_env
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +66,7 @@ def test_resume_after_sigkill_gives_the_same_saes(lm_run, tmp_path, capsys):
     assert main(["train-saes", "--out", str(straight), *args[1:]]) == 0
     command = [sys.executable, "-m", "pipelines", "train-saes", "--out", str(killed), *args[1:]]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                [str(Path(__file__).resolve().parents[1])]
-                                + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))})
+                            env=child_env())
     deadline = time.time() + 120
     while not list((killed / "saes").glob("checkpoint-*.pt")):
         assert proc.poll() is None, "training ended before its first checkpoint"
