@@ -385,11 +385,16 @@ def paper_flops(cfg, demo_model) -> dict:
 # ------------------------------------------------------------------ the parent
 
 
+def code_env(code: Path, **extra: str) -> dict[str, str]:
+    """The environment of a child process running the code tree `code`: the tree first on
+    PYTHONPATH and what it held after (packages installed there), offline, wandb off, `extra`."""
+    held = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(code)] + ([held] if held else [])),
+            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled", **extra}
+
+
 def run_child(code: Path, stage: str, out: Path, args) -> dict:
-    # the code tree first; what PYTHONPATH held stays after it (packages installed there)
-    path = os.pathsep.join([str(code)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    env = {**os.environ, "PYTHONPATH": path, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "WANDB_MODE": "disabled", "TQDM_DISABLE": "1"}
+    env = code_env(code, TQDM_DISABLE="1")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", stage, "--out", str(out),
            "--threads", str(args.threads), "--seed", str(args.seed), "--profile-lines", str(args.profile_lines)]
     if args.quick:

@@ -15,7 +15,6 @@ those ablated), candidates judged per CPU second, and the ratio of the two CPU t
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from bench_stages import code_env
 
 from pipelines.schemas import TABLES
 
@@ -45,8 +45,7 @@ def fresh_copy(run: Path, target: Path) -> Path:
 
 def run_verdicts(code: Path, run: Path, threads: int, layers: str | None) -> tuple[float, float]:
     """Wall and CPU seconds of the verdicts stage of `code` on `run`."""
-    env = {**os.environ, "PYTHONPATH": str(code), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "WANDB_MODE": "disabled"}
+    env = code_env(code)
     cmd = [sys.executable, "-m", "pipelines", "verdicts", "--out", str(run), "--threads", str(threads)]
     if layers:
         cmd += ["--layers", layers]
