@@ -258,6 +258,7 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
     whole = _kept(table)
     lists = side_lists(sides)
     a, b = lists["necessary_a"], lists["necessary_b"]
+    outputs = sides.out.tolist()  # read once: an element of a GPU tensor is a wait for the device
     open_ = [True] * len(sides)
     for _ in range(rounds):
         mine = [i for i in range(len(sides)) if open_[i]]
@@ -267,7 +268,6 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
         open_ = [False] * len(sides)
         if not proposed:
             break
-        outputs = sides.out.tolist()  # once: an element of a GPU tensor is a wait for the device
         trial = Sides.of_groups([outputs[i] for i, _, _ in proposed], [na for _, na, _ in proposed],
                                 [nb for _, _, nb in proposed], sides.out.device)
         tried = intervention_table(layer, cache.source, cache.z, trial, ranking_entries(cache, trial, cfg))
@@ -277,7 +277,7 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
                 a[i], b[i], open_[i] = na, nb, True
                 for name, values in table.items():
                     values[i] = tried[name][j]
-        sides = Sides.of_groups(sides.out.tolist(), a, b, sides.out.device)
+        sides = Sides.of_groups(outputs, a, b, sides.out.device)
         if not any(open_):
             break
         entries = ranking_entries(cache, sides, cfg)

@@ -125,7 +125,8 @@ class Labeller:
         def mark(channel: str, label: str, a: int, b: int) -> None:
             if ordered:
                 lo, hi = bisect_left(starts, a), bisect_right(ends, b)
-                run, found = slice(lo, hi) if whole else kept[lo:hi], lo < hi
+                run = slice(lo, hi) if whole else kept[lo:hi]
+                found = lo < hi
             else:
                 run = [kept[i] for i in np.flatnonzero((starts >= a) & (ends <= b))]
                 found = bool(run)
