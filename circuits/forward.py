@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from circuits.bilinear import output_constant
 from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, Point
 
 if TYPE_CHECKING:
@@ -64,8 +63,11 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + x.roll(half, -1) * signed
 
 
-def attention(model: HookedTransformer, layer: int, h: torch.Tensor) -> torch.Tensor:
-    """Block `layer`'s attention output `[batch, pos, d_model]` from its normalised input `h`."""
+def _project(model: HookedTransformer, layer: int, h: torch.Tensor, positions: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Block `layer`'s queries, keys and values `[batch, heads, pos, d_head]` from its normalised
+    input `h [batch, pos, d_model]`, queries and keys rotated for their positions: 0 to pos - 1,
+    or `positions [batch, pos]` of each row (-1: padding, rotated as position 0)."""
     attn = model.blocks[layer].attn
     batch, pos, _ = h.shape
     n_heads, d_model, d_head = attn.W_Q.shape
@@ -73,24 +75,64 @@ def attention(model: HookedTransformer, layer: int, h: torch.Tensor) -> torch.Te
     w = torch.stack([attn.W_Q, attn.W_K, attn.W_V]).permute(2, 0, 1, 3).reshape(d_model, -1)
     b = torch.stack([attn.b_Q, attn.b_K, attn.b_V]).reshape(-1)
     q, k, v = F.linear(h, w.t(), b).view(batch, pos, 3, n_heads, d_head).permute(2, 0, 3, 1, 4)
-    cos, sin = attn.rotary_cos[:pos], attn.rotary_sin[:pos]
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    if h.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+    if positions is None:
+        cos, sin = attn.rotary_cos[:pos], attn.rotary_sin[:pos]
+    else:
+        at = positions.clamp_min(0)
+        cos, sin = attn.rotary_cos[at][:, None], attn.rotary_sin[at][:, None]
+    return rotate(q, cos, sin), rotate(k, cos, sin), v
+
+
+def _attend(model: HookedTransformer, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Block `layer`'s attention output `[batch, pos, d_model]` of queries `q` over keys `k` and
+    values `v` (`_project`), causal, or where `mask [batch, 1, pos, keys]` says."""
+    attn = model.blocks[layer].attn
+    batch, _, pos, _ = q.shape
+    d_model = attn.W_O.shape[-1]
+    causal = mask is None
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         # a CPU's fused attention is slower in bfloat16 than in float32 (at the demo's shapes on two
         # threads, forward and backward: 37.6 against 16.2 ms a layer): only the products around it gain
         with torch.autocast("cpu", enabled=False):
-            z = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+            z = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal)
     else:
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
     return F.linear(z.transpose(1, 2).reshape(batch, pos, -1), attn.W_O.reshape(-1, d_model).t(), attn.b_O)
+
+
+def attention(model: HookedTransformer, layer: int, h: torch.Tensor, kept: dict | None = None) -> torch.Tensor:
+    """Block `layer`'s attention output `[batch, pos, d_model]` from its normalised input `h`;
+    `kept[layer]` becomes its keys and values (`attention_at` reads them)."""
+    q, k, v = _project(model, layer, h)
+    if kept is not None:
+        kept[layer] = (k, v)
+    return _attend(model, layer, q, k, v)
+
+
+def attention_at(model: HookedTransformer, layer: int, h: torch.Tensor, positions: torch.Tensor,
+                 keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Block `layer`'s attention output `[batch, pos, d_model]` at `positions [batch, pos]` of
+    each row (-1: padding, whose output means nothing) from their normalised input `h`, given
+    the row's keys and values `[batch, heads, P, d_head]` at the other positions (`attention`'s
+    `kept`): those at `positions` are replaced by h's, and each position reads the keys at
+    and before it."""
+    q, k, v = _project(model, layer, h, positions)
+    keys, values = keys.clone(), values.clone()
+    row, slot = (positions >= 0).nonzero(as_tuple=True)
+    keys[row, :, positions[row, slot]] = k[row, :, slot].to(keys.dtype)
+    values[row, :, positions[row, slot]] = v[row, :, slot].to(values.dtype)
+    mask = torch.arange(keys.shape[2], device=h.device) <= positions.clamp_min(0)[:, None, :, None]
+    return _attend(model, layer, q, keys, values, mask)
 
 
 def mlp(model: HookedTransformer, layer: int, x: torch.Tensor) -> torch.Tensor:
     """Block `layer`'s bilinear MLP output `[..., d_model]` from its input `x` (after the norm's gain)."""
     m = model.blocks[layer].mlp
-    # b_in through W_out joins b_out: adding b_in to the [..., d_mlp] product would be a pass over
-    # it, and under autocast a float32 copy of it cast back for W_out (the demo's LM step: 4% faster)
-    return F.linear((x @ m.W_gate) * (x @ m.W_in), m.W_out.t(), output_constant(m.W_out, m.b_in, m.b_out))
+    product = (x @ m.W_gate) * (x @ m.W_in)
+    # b_in in the product's precision: under autocast a float32 b_in made the [..., d_mlp] sum a
+    # float32 copy, cast back for W_out (the demo's LM step 2.5% faster); in float32 a no-op
+    return F.linear(product + m.b_in.to(product.dtype), m.W_out.t(), m.b_out)
 
 
 def embed(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
@@ -101,18 +143,19 @@ def embed(model: HookedTransformer, tokens: torch.Tensor) -> torch.Tensor:
 
 def blocks(model: HookedTransformer, x: torch.Tensor, start: int, stop: int, points: list[Point] = (),
            edits: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None,
-           ) -> tuple[torch.Tensor, dict[Point, torch.Tensor]]:
+           kept: dict | None = None) -> tuple[torch.Tensor, dict[Point, torch.Tensor]]:
     """Run the residual stream `x` `[batch, pos, d_model]` entering block `start` through
     blocks `start` to `stop - 1`: the stream leaving the last one and the activation
     `[batch, pos, d_model]` at each point (`mlp_in` is what the MLP multiplies, after the
     norm's gain). `edits[layer](resid_mid, mlp_in)` returns the MLP input block `layer` uses
-    instead; the stream that bypasses the MLP stays as it was."""
+    instead; the stream that bypasses the MLP stays as it was. `kept[layer]` becomes each
+    block's attention keys and values (`resume` reads them)."""
     check_architecture(model)
     eps, wanted, edits = model.cfg.eps, set(points), edits or {}
     found: dict[Point, torch.Tensor] = {}
     for layer in range(start, stop):
         block = model.blocks[layer]
-        x = x + attention(model, layer, rms_norm(x, block.ln1.w, eps))
+        x = x + attention(model, layer, rms_norm(x, block.ln1.w, eps), kept)
         h = rms_norm(x, block.ln2.w, eps)
         if layer in edits:
             h = edits[layer](x, h)
@@ -122,6 +165,28 @@ def blocks(model: HookedTransformer, x: torch.Tensor, start: int, stop: int, poi
                 found[layer, site] = value
         x = x + out
     return x, found
+
+
+def resume(model: HookedTransformer, resid_mid: torch.Tensor, layer: int, stop: int, positions: torch.Tensor,
+           kept: dict, edit: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pass resumed at `positions [batch, pos]` of each row (-1: padding) from block `layer`'s
+    resid_mid there `[batch, pos, d_model]`, through blocks `layer` to `stop - 1`: the stream
+    leaving the last one and block `layer`'s MLP output, `[batch, pos, d_model]` each. `kept`:
+    the attention keys and values of blocks after `layer` (`blocks(kept=...)`) of a pass of the
+    same rows that differs from this one only at `positions` and later ones, so that the
+    positions before them need not run again; `edit` changes block `layer`'s MLP input (as
+    `blocks`' edits)."""
+    check_architecture(model)
+    eps, x = model.cfg.eps, resid_mid
+    h = rms_norm(x, model.blocks[layer].ln2.w, eps)
+    out = mlp(model, layer, h if edit is None else edit(x, h))
+    x = x + out
+    for later in range(layer + 1, stop):
+        block = model.blocks[later]
+        x = x + attention_at(model, later, rms_norm(x, block.ln1.w, eps), positions, *kept[later])
+        x = x + mlp(model, later, rms_norm(x, block.ln2.w, eps))
+    return x, out
 
 
 class Streams:

@@ -116,20 +116,62 @@ def test_the_downstream_log_probability_is_measured(model):
     assert table[table["out_feature"] == 3]["logprob_before"].isna().all()
 
 
+@torch.no_grad()
 def test_only_the_mlp_input_changes(model):
     """Removing an input from the MLP's input leaves the residual stream that bypasses the
     MLP as it was: resid_post changes exactly by the change of mlp_out."""
-    from pipelines.analysis.ablation import _run
+    from circuits import forward
+    from pipelines.analysis.ablation import _mlp_input_edit
 
     saes, _, _ = layer_saes(model, "resid_mid", seed=0)
     cache = cache_of(model, saes)
     resid = cache.resid_pre[:4]
-    clean = _run(model, cache, saes, resid, None)
+    points = [(1, "resid_mid"), (1, "mlp_out")]
+    clean = forward.blocks(model, resid, 1, 2, points)[1]
     removal = torch.zeros_like(resid)
-    removal[:, 5:9] = 0.7 * clean["resid_mid"][:, 5:9]
-    changed = _run(model, cache, saes, resid, removal)
-    assert torch.equal(changed["resid_mid"], clean["resid_mid"])  # the MLP's input changed, not resid_mid
+    removal[:, 5:9] = 0.7 * clean[1, "resid_mid"][:, 5:9]
+    changed = forward.blocks(model, resid, 1, 2, points, edits={1: _mlp_input_edit(cache, model.blocks[1].ln2.w,
+                                                                                     removal)})[1]
+    assert torch.equal(changed[1, "resid_mid"], clean[1, "resid_mid"])  # the MLP's input changed, not resid_mid
     untouched = torch.ones(resid.shape[:2], dtype=torch.bool)
     untouched[:, 5:9] = False
-    torch.testing.assert_close(changed["mlp_out"][untouched], clean["mlp_out"][untouched])
-    assert not torch.allclose(changed["mlp_out"][:, 5:9], clean["mlp_out"][:, 5:9])
+    assert torch.equal(changed[1, "mlp_out"][untouched], clean[1, "mlp_out"][untouched])
+    assert not torch.allclose(changed[1, "mlp_out"][:, 5:9], clean[1, "mlp_out"][:, 5:9])
+
+
+@pytest.mark.parametrize("site", ["resid_mid", "mlp_in"])
+def test_the_log_probabilities_after_ablation_are_those_of_whole_passes(model, site):
+    """Each (candidate, row) ablated in a whole pass from the layer's cached stream, by hand:
+    the confirmation's mean log-probabilities after each ablation are those."""
+    from circuits import forward
+
+    layer, boosted = 0, {0: [5, 6], 3: [7], 7: [9, 11, 13]}
+    saes, _, mlp = layer_saes(model, site, seed=2, layer=layer)
+    cache = cache_of(model, saes)
+    table = confirm(model, cache, saes, mlp, TARGETS, NAMES, boosted=boosted, max_tokens=40, seed=0)
+    entries = cache.sample(TARGETS, True, 40, 0)
+    z, W_dec, gain = cache.z.to_dense(), saes.sae_in.weights.W_dec, model.blocks[layer].ln2.w
+    for c in range(len(TARGETS)):
+        mine = entries.token[entries.cand == c]
+        flat = cache.flat[mine]
+        for ablated, sides in (("a", [TARGETS.a[c]]), ("b", [TARGETS.b[c]]), ("both", [TARGETS.a[c], TARGETS.b[c]])):
+            members = torch.cat(sides)
+            members = members[members >= 0]
+            found = []
+            for row in (flat // cache.n_ctx).unique().tolist():
+                here = flat // cache.n_ctx == row
+                removal = torch.zeros(1, cache.n_ctx, D)
+                removal[0, flat[here] % cache.n_ctx] = z[mine[here]][:, members] @ W_dec[members]
+                if site == "resid_mid":
+                    edit = lambda resid_mid, mlp_in: forward.rms_norm(resid_mid - removal, gain, cache.eps)  # noqa: E731
+                else:
+                    edit = lambda resid_mid, mlp_in: mlp_in - removal  # noqa: E731
+                with torch.no_grad():
+                    final, _ = forward.blocks(model, cache.resid_pre[row][None], layer, 2, edits={layer: edit})
+                    logprob = forward.unembed(model, final[0, flat[here] % cache.n_ctx]).double().log_softmax(-1)
+                found.append(logprob[:, boosted[int(TARGETS.out[c])]].mean(-1))
+            expected = float(torch.cat(found).mean())
+            measured = table[(table["out_feature"] == int(TARGETS.out[c])) & (table["ablated"] == ablated)]
+            assert len(measured) == 1 and measured["n_tokens"].item() == len(mine)
+            assert measured["logprob_after"].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
+            assert abs(measured["logprob_after"].item() - measured["logprob_before"].item()) > 1e-4

@@ -147,3 +147,30 @@ def test_streams_keep_nothing_when_asked_and_after_clear(model, tokens, monkeypa
     streams.clear()
     streams.layer("rows", tokens, 1, points(1))
     assert seen == [0, 0, 1]
+
+
+@torch.no_grad()
+def test_a_resumed_pass_equals_the_whole_pass_after_its_first_changed_position(model, tokens):
+    """Changing block 0's MLP input at some positions of each row changes nothing before the
+    first of them: resuming there, with the clean pass's keys and values of the later
+    blocks, gives what a whole pass with the change gives, at every resumed position."""
+    g = torch.Generator().manual_seed(5)
+    x0 = forward.embed(model, tokens)
+    kept = {}
+    _, clean = forward.blocks(model, x0, 0, 2, [(0, "resid_mid")], kept=kept)
+    # each row resumed from another position, a run of positions with padding (-1) after it
+    positions = torch.tensor([[3, 4, 5, 6, 7], [20, 21, 22, -1, -1], [39, -1, -1, -1, -1]])
+    valid = positions >= 0
+    change = torch.zeros(tokens.shape + (32,))
+    rows = torch.arange(3)[:, None].expand_as(positions)
+    change[rows[valid], positions[valid]] = torch.randn(int(valid.sum()), 32, generator=g)
+    changed_input = lambda resid_mid, mlp_in: mlp_in - change  # noqa: E731
+    final, found = forward.blocks(model, x0, 0, 2, [(0, "mlp_out")], edits={0: changed_input})
+    at = positions.clamp_min(0)
+    here = lambda t: t[rows, at]  # noqa: E731  [3, 5, d] at the resumed positions
+    resumed, mlp_out = forward.resume(model, here(clean[0, "resid_mid"]), 0, 2, positions,
+                                      {1: kept[1]}, edit=lambda resid_mid, mlp_in: mlp_in - here(change))
+    scale = float(final.abs().max())
+    assert float((final - forward.blocks(model, x0, 0, 2)[0]).abs()[rows[valid], at[valid]].min()) > 1e-3 * scale
+    torch.testing.assert_close(resumed[valid], here(final)[valid], rtol=1e-5, atol=2e-6 * scale)
+    torch.testing.assert_close(mlp_out[valid], here(found[0, "mlp_out"])[valid], rtol=1e-5, atol=2e-6 * scale)

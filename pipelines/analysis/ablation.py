@@ -61,23 +61,19 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     out = sides.out[entries.cand]
     device = cache.source.device
     boost = {f: torch.tensor(boosted.get(f, []), dtype=torch.long, device=device) for f in out.unique().tolist()}
-    measured = {"before": _measure_runs(model, cache, saes, [(r, None, None) for r in row.unique().tolist()],
-                                        row, position, out, boost, batch_rows, per_entry=None)}
     latents = latent_lookup(cache.z)
     removal = lambda members: side_removal(latents(entries.token, members), members)  # noqa: E731
     removals = {"a": removal(sides.a[entries.cand]), "b": removal(sides.b[entries.cand])}
     removals["both"] = tuple(torch.cat([x, y]) for x, y in zip(removals["a"], removals["b"]))
-    records = []
+    deltas = {ablated: torch.zeros(len(entries.cand), cache.source.shape[1], dtype=cache.source.dtype,
+                                   device=device).index_add_(0, entry, coef[:, None] * sae_in.W_dec[member])
+              for ablated, (entry, member, coef) in removals.items()}
+    measured = _measure(model, cache, saes, row, position, entries.cand, out, boost, deltas, batch_rows)
     for ablated, (entry, member, coef) in removals.items():
-        delta = torch.zeros(len(entries.cand), cache.source.shape[1], dtype=cache.source.dtype,
-                            device=device).index_add_(0, entry, coef[:, None] * sae_in.W_dec[member])
-        items = sorted(set(zip(entries.cand.tolist(), row.tolist())))
-        measured[ablated] = _measure_runs(model, cache, saes, [(r, c, delta) for c, r in items], row, position, out,
-                                          boost, batch_rows, per_entry=entries.cand)
         pre_local, act_local = local.evaluate(cache.source, entries.token, out, entry, member, coef)
         measured[ablated]["pre_local"], measured[ablated]["act_local"] = pre_local, act_local
     forms = _form_parts(cache, entries, z, sides, sae_in, mlp, sae_out, site)
-    before = measured["before"]
+    before, records = measured["before"], []
     for c in entries.cand.unique().tolist():
         mine = entries.cand == c
         n = int(mine.sum())
@@ -95,12 +91,15 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
     return pd.DataFrame(records)
 
 
-def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, position, out, boost, batch_rows: int,
-                  per_entry) -> dict[str, torch.Tensor]:
-    """f's pre-activation, activation and boosted log-probability at every sampled entry,
-    from passes of the model from the layer onward: `items` are (row, candidate, delta),
-    each a pass of one row with candidate's removals `delta [E, d]` at its entries in the row
-    (None: a clean pass; then `per_entry` is None and every entry of the row is read)."""
+def _measure(model, cache: LayerCache, saes: LayerSAEs, row, position, cand, out, boost, deltas: dict,
+             batch_rows: int) -> dict[str, dict[str, torch.Tensor]]:
+    """f's pre-activation, activation and boosted log-probability `[E]` at every sampled entry
+    (at `row`, `position`, of candidate `cand`, output `out`), clean ("before") and after each
+    ablation of `deltas` (its removal `[E, d]` at each entry). A clean pass runs each row from
+    the layer to its last entry, `batch_rows` rows at a time, keeping the later blocks'
+    attention keys and values; an ablation of a (candidate, row) changes nothing before its
+    first entry, so its pass resumes there (`forward.resume`), all of its entries in the row
+    ablated at once."""
     E, device = len(row), row.device
     # boosted tokens of every output, padded: ids [n_out, L] and whether each is one (none: NaN)
     n_out = int(out.max()) + 1 if len(out) else 0
@@ -109,50 +108,72 @@ def _measure_runs(model, cache: LayerCache, saes: LayerSAEs, items: list, row, p
     boost_mask = torch.zeros(n_out, width, dtype=torch.float64, device=device)
     for f, ids in boost.items():
         boost_ids[f, : len(ids)], boost_mask[f, : len(ids)] = ids, 1.0
-    result = {k: torch.full((E,), float("nan"), dtype=torch.float64, device=device)
-              for k in ("pre", "act", "logprob")}
-    read = lambda r, c: (row == r) if c is None else (row == r) & (per_entry == c)  # noqa: E731
-    # a pass runs to its batch's last read position: batch items of similar length together
-    items = sorted(items, key=lambda item: int(position[read(item[0], item[1])].max()))
-    for start in range(0, len(items), batch_rows):
-        chunk = items[start : start + batch_rows]
-        # the entries each pass reads, and how far the pass must run along its row
-        reads = [read(r, c) for r, c, _ in chunk]
-        length = max(int(position[m].max()) + 1 for m in reads)
-        resid = cache.resid_pre[[r for r, _, _ in chunk], :length]
-        removal = torch.zeros(len(chunk), length, resid.shape[-1], dtype=cache.source.dtype, device=device)
-        for i, ((_, _, delta), m) in enumerate(zip(chunk, reads)):
-            if delta is not None:
-                removal[i, position[m]] = delta[m]
-        found = _run(model, cache, saes, resid, removal if any(d is not None for _, _, d in chunk) else None)
-        for i, m in enumerate(reads):
-            index = m.nonzero()[:, 0]
-            pos = position[index]
-            mlp_out = found[MLP_OUT][i, pos].to(saes.sae_out.weights.W_enc.dtype)
-            f = out[index]
-            rows = torch.arange(len(index), device=device)
-            result["pre"][index] = saes.sae_out.weights.pre(mlp_out)[rows, f].double()
-            result["act"][index] = saes.sae_out.weights.encode(mlp_out)[rows, f].double()
-            logprob = F.log_softmax(forward.unembed(model, found["final"][i, pos]).double(), -1)
-            ids, listed = boost_ids[f], boost_mask[f]  # [n, L]: each entry's boosted tokens
-            result["logprob"][index] = (logprob.gather(1, ids) * listed).sum(-1) / listed.sum(-1)
+    sae_out = saes.sae_out.weights
+    result = {kind: {k: torch.full((E,), float("nan"), dtype=torch.float64, device=device)
+                     for k in ("pre", "act", "logprob")} for kind in ("before", *deltas)}
+
+    def read(kind: str, index: torch.Tensor, mlp_out: torch.Tensor, final: torch.Tensor) -> None:
+        """Entries `index`' measures from their `mlp_out` and final stream `[n, d]`."""
+        f, at = out[index], torch.arange(len(index), device=device)
+        mlp_out = mlp_out.to(sae_out.W_enc.dtype)
+        result[kind]["pre"][index] = sae_out.pre(mlp_out)[at, f].double()
+        result[kind]["act"][index] = sae_out.encode(mlp_out)[at, f].double()
+        logprob = F.log_softmax(forward.unembed(model, final).double(), -1)
+        ids, listed = boost_ids[f], boost_mask[f]  # [n, L]: each entry's boosted tokens
+        result[kind]["logprob"][index] = (logprob.gather(1, ids) * listed).sum(-1) / listed.sum(-1)
+
+    layer, stop = cache.layer, model.cfg.n_layers
+    rows = row.unique()
+    local = torch.full((int(rows.max()) + 1,), -1, dtype=torch.long, device=device)
+    for start in range(0, len(rows), batch_rows):
+        chunk = rows[start : start + batch_rows]
+        local[chunk] = torch.arange(len(chunk), device=device)
+        mine = (local[row] >= 0).nonzero()[:, 0]  # the chunk's entries
+        at, pos = local[row[mine]], position[mine]
+        kept: dict = {}
+        final, found = forward.blocks(model, cache.resid_pre[chunk, : int(pos.max()) + 1], layer, stop,
+                                      [(layer, RESID_MID), (layer, MLP_OUT)], kept=kept)
+        read("before", mine, found[layer, MLP_OUT][at, pos], final[at, pos])
+        # each (candidate, row) of the chunk: its entries' span, from its first entry to its last
+        item = torch.unique(cand[mine] * len(chunk) + at, return_inverse=True)[1]
+        n_items = int(item.max()) + 1
+        first = torch.full((n_items,), 1 << 30, device=device).scatter_reduce(0, item, pos, "amin")
+        span = torch.zeros(n_items, dtype=torch.long, device=device).scatter_reduce(0, item, pos, "amax") - first + 1
+        item_row = torch.zeros(n_items, dtype=torch.long, device=device).scatter_(0, item, at)
+        order = torch.argsort(span)  # items of similar span together
+        for begin in range(0, n_items, batch_rows * 8):
+            batch = order[begin : begin + batch_rows * 8]
+            slot_of = torch.full((n_items,), -1, dtype=torch.long, device=device)
+            slot_of[batch] = torch.arange(len(batch), device=device)
+            width = int(span[batch].max())
+            offset = torch.arange(width, device=device)
+            positions = torch.where(offset < span[batch, None], first[batch, None] + offset, -1)  # [B, width]
+            inside = slot_of[item] >= 0
+            entry, b = mine[inside], slot_of[item[inside]]
+            s = position[entry] - first[batch][b]
+            resid_mid = found[layer, RESID_MID][item_row[batch, None], positions.clamp_min(0)]
+            past = {later: (k[item_row[batch]], v[item_row[batch]]) for later, (k, v) in kept.items()
+                    if later > layer}
+            for kind, delta in deltas.items():
+                removal = torch.zeros_like(resid_mid)
+                removal[b, s] = delta[entry].to(removal.dtype)
+                stream, mlp_out = forward.resume(model, resid_mid, layer, stop, positions, past,
+                                                 _mlp_input_edit(cache, model.blocks[layer].ln2.w, removal))
+                read(kind, entry, mlp_out[b, s], stream[b, s])
+        local[chunk] = -1
     return result
 
 
-def _run(model, cache: LayerCache, saes: LayerSAEs, resid: torch.Tensor, removal: torch.Tensor | None) -> dict:
-    """resid_mid and mlp_out of the layer and the residual stream after the last block of a
-    pass from the layer onward, with `removal` taken out of the MLP's input only."""
-    layer, site, eps = cache.layer, cache.site, cache.eps
-    gain = model.blocks[layer].ln2.w
+def _mlp_input_edit(cache: LayerCache, gain: torch.Tensor, removal: torch.Tensor):
+    """`forward.blocks`' edit that takes `removal` out of the MLP's input only: from resid_mid
+    before the norm (the norm's factor recomputed), or on mlp_in after it."""
 
     def change_input(resid_mid: torch.Tensor, mlp_in: torch.Tensor) -> torch.Tensor:
-        changed = mlp_in - removal if site == MLP_IN else forward.rms_norm(resid_mid - removal, gain, eps)
+        changed = mlp_in - removal if cache.site == MLP_IN else forward.rms_norm(resid_mid - removal, gain, cache.eps)
         # only the ablated positions change: elsewhere the pass stays bit for bit the clean one
         return torch.where(removal.ne(0).any(-1, keepdim=True), changed.to(mlp_in.dtype), mlp_in)
 
-    final, found = forward.blocks(model, resid, layer, model.cfg.n_layers, [(layer, RESID_MID), (layer, MLP_OUT)],
-                                  None if removal is None else {layer: change_input})
-    return {site: found[layer, site] for site in (RESID_MID, MLP_OUT)} | {"final": final}
+    return change_input
 
 
 def _form_parts(cache: LayerCache, entries, z, sides: Sides, sae_in, mlp: MLPWeights, sae_out, site: str) -> dict:
