@@ -6,9 +6,10 @@ sides are on and f is active, the MLP's input is changed and nothing else: every
 part `z_m d_m` of the input SAE's reconstruction, for side A, side B or both, is subtracted
 from resid_mid *as the MLP reads it*, before its norm, while the residual stream that bypasses
 the MLP stays as it was (on mlp_in the subtraction happens after the norm). The model runs
-from the layer onward, starting from the cached residual stream entering the layer, a batch
-of rows for several candidates and ablations at once; each ablated row is cut after its
-last sampled token, the only positions read. Measured: f's pre-activation and activation at
+from the layer onward, starting from the cached residual stream entering the layer: a clean
+pass of each row, cut after its last sampled token (the only positions read), keeps the
+later blocks' attention keys and values; an ablated (candidate, row) is the clean row up to
+its first sampled token, so its pass resumes there (`circuits.forward.resume`), many at once. Measured: f's pre-activation and activation at
 the layer (output SAE on the new mlp_out) and the mean next-token log-probability of f's
 boosted tokens, before and after. Every sampled token of a row is ablated in one pass, so a
 later token's log-probability also feels the earlier ablations through attention (its
