@@ -222,7 +222,8 @@ class Chain:
     def report(self):
         from pipelines.report.page import write_report
 
-        write_report(self.run, self.cfg.report, self.lm, self.cfg.verdicts.plan(self.run, self.lm, self.layers))
+        write_report(self.run, self.cfg.report, self.lm, self.cfg.verdicts.plan(self.run, self.lm, self.layers),
+                     processes=self.runtime.threads)
 
     def explorer(self):
         from pipelines.explorer.site import write_explorer

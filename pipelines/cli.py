@@ -227,7 +227,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     ctx = _Context(args)
     plan = config_from(args, SiteChoice).plan(ctx.run, ctx.inputs, ctx.layers)
     with ctx.runtime.torch_threads():
-        path = write_report(ctx.run, cfg, ctx.inputs, plan)
+        path = write_report(ctx.run, cfg, ctx.inputs, plan, processes=ctx.runtime.threads)
     print(f"report: {path}")
 
 

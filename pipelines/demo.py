@@ -106,7 +106,7 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
         print("\n".join(negation_graph(run, lm, cfg)))
     if cfg.explorer:
         write_explorer(run)
-    report = write_report(run, cfg.report, lm, plan)
+    report = write_report(run, cfg.report, lm, plan, processes=runtime.threads)
     print(f"report: {report}")
 
 

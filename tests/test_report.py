@@ -383,3 +383,28 @@ def test_scatter_samples_of_every_feature_are_each_features_in_turn():
     for f, ranks in ((3, [1, 2, 3]), (7, [1, 2, 4]), (11, [1, 2, 5])):  # the largest stored, not those between
         mine = whole[whole["out_feature"] == f]
         assert list(zip(mine["n_eigs"], mine["sample"])) == [(r, s) for r in ranks for s in range(3)]
+
+
+def test_figures_drawn_in_worker_processes_are_those_drawn_here(run, tmp_path):
+    pages = {}
+    for threads in (1, 2):  # --threads 2: the figures are drawn by two spawned worker processes
+        copy = tmp_path / f"threads{threads}"
+        shutil.copytree(run, copy)
+        assert main(["report", "--out", str(copy), "--threads", str(threads), *SMALL]) == 0
+        # the page's title names the run's folder
+        pages[threads] = {p.name: p.read_bytes().replace(copy.name.encode(), b"RUN") for p in (copy / "report").iterdir()}
+    assert len(pages[1]) > 5 and pages[1].keys() == pages[2].keys()
+    assert [name for name in pages[1] if pages[1][name] != pages[2][name]] == []
+
+
+def test_a_worker_process_that_fails_to_draw_fails_the_report(tmp_path):
+    import numpy as np
+
+    from pipelines.report import figures
+    from pipelines.report.page import _Pictures
+
+    with pytest.raises(ValueError, match="shape"):
+        with _Pictures(tmp_path, 40, processes=2) as pictures:
+            pictures.draw("fine.png", figures.spectrum, np.arange(3), np.ones(3), "fine")
+            pictures.draw("broken.png", figures.spectrum, np.arange(3), np.ones(5), "broken")
+    assert (tmp_path / "fine.png").is_file()
