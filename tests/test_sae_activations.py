@@ -85,7 +85,8 @@ def test_mlp_input_is_what_the_mlp_multiplies(model, tokens):
 def test_the_model_stops_after_the_deepest_point(model, tokens, monkeypatch):
     layers = []
     attention = forward.attention
-    monkeypatch.setattr(forward, "attention", lambda m, layer, h: layers.append(layer) or attention(m, layer, h))
+    monkeypatch.setattr(forward, "attention",
+                        lambda m, layer, h, kept=None: layers.append(layer) or attention(m, layer, h, kept))
     list(iter_activations(model, tokens, [(0, "mlp_out")], None, batch_seqs=12))
     assert layers == [0]
     list(iter_activations(model, tokens, [(1, "resid_mid"), (0, "mlp_in")], None, batch_seqs=12))

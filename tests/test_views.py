@@ -9,11 +9,11 @@ import pandas as pd
 from pipelines import schemas
 from pipelines.engine.paths import RunPaths
 from pipelines.explorer import data as xdata
-from pipelines.report import figures, page
+from pipelines.report import page
 from pipelines.report.inputs import load_report_data
 
 
-def test_the_report_and_the_explorer_scatter_the_same_rows(tmp_path, monkeypatch):
+def test_the_report_and_the_explorer_scatter_the_same_rows(tmp_path):
     run = RunPaths(tmp_path / "run")
     rng = np.random.default_rng(0)
     rows = [{"out_feature": f, "sample": s, "n_eigs": r, "activation": float(rng.random()),
@@ -22,10 +22,9 @@ def test_the_report_and_the_explorer_scatter_the_same_rows(tmp_path, monkeypatch
     schemas.write(pd.DataFrame(rows).assign(outputs="sae", input_site="resid_mid"), run.tables, "lowrank_samples",
                   layer=1, part="resid_mid-sae")
     drawn = {}
-    monkeypatch.setattr(figures, "scatter", lambda panels, title: drawn.setdefault("panels", panels) and _Figure())
     data = load_report_data(run, [1], "resid_mid", tmp_path)
-    assert page._scatter(data, 1, 2, _Pictures(), "L1_F2") is not None
-    report = {(name, round(float(x), 9), round(float(y), 9)) for name, xs, ys, _ in drawn["panels"]
+    assert page._scatter(data, 1, 2, _Pictures(drawn), "L1_F2") is not None
+    report = {(name, round(float(x), 9), round(float(y), 9)) for name, xs, ys, _ in drawn["scatter"][0]
               for x, y in zip(xs, ys)}
 
     bundle = xdata.data_bundle(xdata.load_tables(run), 1, "resid_mid", "samples")
@@ -46,10 +45,12 @@ def _order(point: tuple) -> tuple:
     return name, float(f"{activation:.3g}")
 
 
-class _Figure:
-    pass
-
-
 class _Pictures:
-    def save(self, fig, name: str) -> str:
+    """Keeps what a figure was asked to draw."""
+
+    def __init__(self, drawn: dict):
+        self.drawn = drawn
+
+    def draw(self, name: str, figure, *args) -> str:
+        self.drawn[figure.__name__] = args
         return name
