@@ -66,7 +66,7 @@ class DemoConfig(Config):
                      train=LMTrainConfig(train_tokens=60_000, batch_size=16, eval_every=20, checkpoint_every=50,
                                          autocast="none")),
             saes=SAEJob(sites=DEFAULT_SAE_SITES, sae=SAETrainConfig(train_tokens=40_960, batch_size=1024, buffer_tokens=8192,
-                                                        eval_rows=8)),
+                                                        eval_rows=8, autocast="none")),
             circuits=CircuitsJob(corr_rows=64, analysis=CircuitConfig(top_n=10, n_gates=5, max_rank=4, min_active=5)),
             features=FeaturesJob(sites=DEFAULT_SAE_SITES, description=FeatureConfig(n_rows=64)),
             verdicts=VerdictsJob(rules=VerdictConfig(rows=64, n_ablate=2, min_cell=5)),

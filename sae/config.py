@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 
 from circuits.config import Config, option, seed_option
+from sae.activations import resolve_precision
 
 PAPER_STEPS = 150_000_000 // 4096  # optimiser steps of one paper SAE
 
@@ -47,8 +48,9 @@ class SAETrainConfig(Config):
     checkpoint_every: int = option(100, "optimiser steps between resumable checkpoints (a kill loses at most this many)",
                                    low=1, runtime=True)
     model_batch_rows: int = option(32, "rows per model forward pass", low=1, runtime=True)
-    autocast: str = option("none", "precision of the model's forward passes: none, or bf16 (GPUs; changes the activations "
-                           "slightly)", choices=("none", "bf16"))
+    autocast: str = option("auto", "precision of the stream's model passes: none (float32), bf16 (bfloat16 autocast; "
+                           "changes the activations in their last bits) or auto (bf16 where the device multiplies "
+                           "bfloat16 in hardware); the SAEs themselves train in float32", choices=("none", "bf16", "auto"))
 
     def check(self) -> None:
         if self.train_tokens < self.batch_size:
@@ -58,8 +60,10 @@ class SAETrainConfig(Config):
             raise ValueError(f"SAETrainConfig: buffer_tokens={self.buffer_tokens} must be at least "
                              f"batch_size={self.batch_size}")
 
-    def resolve(self, d_in: int) -> "SAETrainConfig":
-        """This config with k and lr filled in for input width `d_in`; ValueError if k does not fit."""
+    def resolve(self, d_in: int, device: str = "cpu") -> "SAETrainConfig":
+        """This config with k and lr filled in for input width `d_in`, and the precision that
+        `autocast` means on `device` (so that a run's recipe says which ran); ValueError if k
+        does not fit."""
         d_sae = self.expansion * d_in
         k = self.k if self.k is not None else max(4, round(30 * d_sae / 2048))
         if k > d_sae:
@@ -67,7 +71,7 @@ class SAETrainConfig(Config):
                              f"(expansion {self.expansion} x d_model {d_in})")
         steps = max(1, self.train_steps)
         lr = self.lr if self.lr is not None else 1e-4 * math.sqrt(512 / d_in * max(1.0, PAPER_STEPS / steps))
-        return self.replace(k=k, lr=lr)
+        return self.replace(k=k, lr=lr, autocast=resolve_precision(self.autocast, device))
 
     @property
     def train_steps(self) -> int:

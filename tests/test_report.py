@@ -36,7 +36,8 @@ def run(tmp_path_factory):
     # float32 on any hardware: the checks below read this very model's best candidates
     assert main(["train-lm", *base, "--preset", "tiny", "--train-tokens", "40000", "--vocab-size", "600",
                  "--autocast", "none"]) == 0
-    assert main(["train-saes", *base, "--train-tokens", "20480", "--batch-size", "1024", "--k", "4"]) == 0
+    assert main(["train-saes", *base, "--train-tokens", "20480", "--batch-size", "1024", "--k", "4",
+                 "--autocast", "none"]) == 0
     assert main(["circuits", *base, "--top-n", "8", "--max-rank", "4", "--corr-rows", "48", "--min-active", "3"]) == 0
     assert main(["features", *base, "--rows", "48"]) == 0
     assert main(["verdicts", *base, *VERDICTS]) == 0

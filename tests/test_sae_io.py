@@ -148,6 +148,19 @@ def test_recipe_scales_defaults_and_round_trips_through_json():
     assert SAETrainConfig.from_json(json.loads(json.dumps(small.to_json()))) == small
 
 
+def test_the_resolved_recipe_says_which_precision_the_stream_runs_in(monkeypatch):
+    """`auto` is bf16 where the device multiplies bfloat16 in hardware: the recipe (and so the
+    SAEs' stamps) holds what it resolved to, not `auto`, so that a run on other hardware is
+    another recipe; an explicit precision stays as asked."""
+    import sae.activations
+
+    for native, expected in ((True, "bf16"), (False, "none")):
+        monkeypatch.setattr(sae.activations, "native_bf16", lambda device, native=native: native)
+        assert SAETrainConfig().resolve(128, "cpu").autocast == expected
+        assert SAETrainConfig(autocast="none").resolve(128, "cpu").autocast == "none"
+        assert SAETrainConfig(autocast="bf16").resolve(128, "cpu").autocast == "bf16"
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"k": 129}, "k=129 must not exceed the dictionary size d_sae=128"),
     ({"train_tokens": 100, "batch_size": 128}, "at least one batch"),

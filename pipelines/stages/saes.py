@@ -34,7 +34,7 @@ def ensure_saes(work: StageInputs, *, job: SAEJob, layers: list[int], runtime: R
     trained from one stream of the model with a checkpoint of its own.
     """
     run = work.run
-    cfg = job.sae.resolve(work.lm.config.d_model)
+    cfg = job.sae.resolve(work.lm.config.d_model, runtime.device)
     clean_temporaries(run.root)
     points = [(layer, site) for layer in layers for site in job.sites]
     todo = []
