@@ -270,6 +270,11 @@ def circuit_layer_flops(d: int, d_mlp: int, n_in: int, n_out: int) -> float:
     return n_out * (q + projection + eigh)
 
 
+def stream_flops(cfg, m) -> float:
+    """The SAE stream's model passes: one to the last SAE's layer per training token."""
+    return cfg.saes.sae.resolve(m.d_model).used_tokens * forward_flops(m, unembed=False)
+
+
 def stage_flops(stage: str, cfg, m) -> float:
     """The floating-point work `stage` cannot avoid, for demo config `cfg` and model config `m`."""
     if stage in ("corpus", "report", "explorer"):
@@ -286,7 +291,7 @@ def stage_flops(stage: str, cfg, m) -> float:
     d_sae = sae.expansion * d
     n_saes = m.n_layers * len(cfg.saes.sites)
     if stage == "train-saes":
-        model = sae.used_tokens * forward_flops(m, unembed=False)
+        model = stream_flops(cfg, m)
         evaluation = n_saes * sae.eval_rows * n_ctx * forward_flops(m)
         return model + n_saes * sae.used_tokens * sae_step_flops(d, d_sae, sae.k) + evaluation
     if stage == "circuits":
@@ -332,9 +337,14 @@ def child(args) -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     # a stage whose products run in bfloat16 (the LM's training, where the hardware has it) is
     # held to the bfloat16 rate: the float32 one would put its floor above what it can reach
-    dtype = "bfloat16" if args.child == "train-lm" and lm_precision(chain.cfg, chain.runtime.device) == "bf16" \
+    device = chain.runtime.device
+    dtype = "bfloat16" if args.child == "train-lm" and precision(chain.cfg.lm.train.autocast, device) == "bf16" \
         else "float32"
     (rate, cpu_rate), disk = matmul_rate(args.threads, dtype=dtype), disk_rate(Path(args.out))
+    # the SAE stream's model passes may run in bfloat16 while the SAEs train in float32: that part
+    # of the stage's floor is held to the bfloat16 rate
+    stream_low = args.child == "train-saes" and precision(chain.cfg.saes.sae.autocast, device) == "bf16"
+    low_rate, low_cpu_rate = matmul_rate(args.threads, dtype="bfloat16") if stream_low else (rate, cpu_rate)
     before = folder_bytes(Path(args.out))
     # the libraries' imports are no stage's work, wherever a code tree happens to import them
     import sae_lens  # noqa: F401
@@ -350,9 +360,12 @@ def child(args) -> None:
     written = max(0, folder_bytes(Path(args.out)) - before)
     m = chain.lm.config if chain.layers else None
     flops = stage_flops(args.child, chain.cfg, m) if m is not None else 0.0
+    low = stream_flops(chain.cfg, m) if stream_low else 0.0
     result = {"stage": args.child, "seconds": seconds, "cpu": cpu, "flops": flops, "bytes": written, "rate": rate, "disk": disk,
-              "floor": flops / rate + written / disk, "cpu_rate": cpu_rate, "cpu_floor": flops / cpu_rate + written / disk, "profile": sampler.top(args.profile_lines),
-              "load": os.getloadavg()[0], "dtype": dtype}
+              "floor": low / low_rate + (flops - low) / rate + written / disk, "cpu_rate": cpu_rate,
+              "cpu_floor": low / low_cpu_rate + (flops - low) / cpu_rate + written / disk,
+              "profile": sampler.top(args.profile_lines), "load": os.getloadavg()[0], "dtype": dtype,
+              "bfloat16_flops": low}
     if args.child == "explorer":
         result["quality"] = chain.quality()
     if m is not None:
@@ -363,13 +376,13 @@ def child(args) -> None:
     print("BENCH " + json.dumps(result), flush=True)
 
 
-def lm_precision(cfg, device: str) -> str:
-    """The precision a code tree trains the demo's LM in: "none" (float32) or "bf16"."""
+def precision(kind: str, device: str) -> str:
+    """What a code tree's precision setting `kind` means on `device`: "none" (float32) or "bf16"."""
     try:
         from sae.activations import resolve_precision
     except ImportError:  # a tree from before `--autocast auto`
-        return cfg.lm.train.autocast
-    return resolve_precision(cfg.lm.train.autocast, device)
+        return kind
+    return resolve_precision(kind, device)
 
 
 def paper_flops(cfg, demo_model) -> dict:
@@ -421,6 +434,10 @@ def table(results: list[dict]) -> str:
     low = [r["stage"] for r in results if r.get("dtype", "float32") != "float32"]
     if low:
         lines.append(f"({', '.join(low)}: products in bfloat16, floor and GFLOP/s at the bfloat16 matmul rate)")
+    streams = [r for r in results if r.get("bfloat16_flops")]
+    for r in streams:
+        lines.append(f"({r['stage']}: {r['bfloat16_flops'] / 1e9:.0f} GFLOP of model passes in bfloat16, their part of "
+                     "the floor at the bfloat16 rate)")
     return "\n".join(lines)
 
 
