@@ -222,8 +222,12 @@ class Chain:
     def report(self):
         from pipelines.report.page import write_report
 
+        import inspect
+
+        # trees from before the report drew its figures in worker processes take no `processes`
+        fan_out = {"processes": self.runtime.threads} if "processes" in inspect.signature(write_report).parameters else {}
         write_report(self.run, self.cfg.report, self.lm, self.cfg.verdicts.plan(self.run, self.lm, self.layers),
-                     processes=self.runtime.threads)
+                     **fan_out)
 
     def explorer(self):
         from pipelines.explorer.site import write_explorer
