@@ -369,12 +369,12 @@ def child(args) -> None:
               "floor": low / low_rate + (flops - low) / rate + written / disk, "cpu_rate": cpu_rate,
               "cpu_floor": low / low_cpu_rate + (flops - low) / cpu_rate + written / disk,
               "profile": sampler.top(args.profile_lines), "load": os.getloadavg()[0], "dtype": dtype,
-              "bfloat16_flops": low}
+              "bfloat16_flops": low, "bfloat16_cpu_rate": low_cpu_rate}
     if args.child == "explorer":
         result["quality"] = chain.quality()
     if m is not None:
         result["model"] = m.to_json()
-        result["paper"] = paper_flops(chain.cfg, m) if args.child == "explorer" else None
+        result["paper"], result["paper_stream"] = paper_flops(chain.cfg, m) if args.child == "explorer" else (None, 0.0)
     with open(Path(args.out) / "bench-stages.jsonl", "a") as log:  # kept if the parent is stopped
         log.write(json.dumps(result) + "\n")
     print("BENCH " + json.dumps(result), flush=True)
@@ -389,15 +389,16 @@ def precision(kind: str, device: str) -> str:
     return resolve_precision(kind, device)
 
 
-def paper_flops(cfg, demo_model) -> dict:
-    """Each stage's flops in the paper preset's full run (6 layers, d_model 512, 12 SAEs)."""
+def paper_flops(cfg, demo_model) -> tuple[dict, float]:
+    """Each stage's flops in the paper preset's full run (6 layers, d_model 512, 12 SAEs), and
+    those of its SAE stream's model passes among the SAE stage's."""
     from pipelines.lm.model import PRESETS
 
     m = PRESETS["paper"].replace(d_vocab=demo_model.d_vocab)
     lm = cfg.lm.replace(train=cfg.lm.train.replace(train_tokens=PAPER_LM_TOKENS))
     saes = cfg.saes.replace(sae=cfg.saes.sae.replace(k=30, train_tokens=PAPER_SAE_TOKENS))
     paper = cfg.replace(lm=lm, saes=saes)
-    return {stage: stage_flops(stage, paper, m) for stage in STAGES}
+    return {stage: stage_flops(stage, paper, m) for stage in STAGES}, stream_flops(paper, m)
 
 
 # ------------------------------------------------------------------ the parent
@@ -454,10 +455,21 @@ def projection(results: list[dict]) -> str:
     # each stage at the rate of the precision it ran in (the LM's training may be bfloat16)
     rates = {stage: rate for stage in paper} | {r["stage"]: r["cpu_rate"] * cores for r in results
                                                 if r.get("dtype", "float32") != "float32"}
+    # a stage whose floor held part of its work to the bfloat16 rate (the SAE stream's model
+    # passes) is projected the same way, or its ratio, taken against that lower floor, would be
+    # applied to a float32 one
+    low = {r["stage"]: r["bfloat16_cpu_rate"] * cores for r in results if r.get("bfloat16_flops")}
+    stream = results[-1].get("paper_stream", 0.0)
+
+    def least(stage: str, flops: float) -> float:
+        """The stage's floor in seconds at the paper's size."""
+        part = stream if stage in low else 0.0
+        return (flops - part) / rates[stage] + (part / low[stage] if part else 0.0)
+
     ratio = {r["stage"]: max(1.0, r["cpu"] / r["cpu_floor"]) for r in results if r["flops"]}
-    floor = sum(flops / rates[stage] for stage, flops in paper.items())
-    here = sum(flops / rates[stage] * ratio.get(stage, 1.0) for stage, flops in paper.items())
-    without_lm = here - paper["train-lm"] / rates["train-lm"] * ratio.get("train-lm", 1.0)
+    floor = sum(least(stage, flops) for stage, flops in paper.items())
+    here = sum(least(stage, flops) * ratio.get(stage, 1.0) for stage, flops in paper.items())
+    without_lm = here - least("train-lm", paper["train-lm"]) * ratio.get("train-lm", 1.0)
     gpu = sum(paper.values()) / H100_RATE
     by_stage = ", ".join(f"{s} {paper[s] / 1e15:.2f}" for s in STAGES if paper[s])
     at = ", ".join(f"{s} {r:.1f}x" for s, r in ratio.items())
@@ -465,7 +477,8 @@ def projection(results: list[dict]) -> str:
             f"{PAPER_SAE_TOKENS / 1e6:.0f}M tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: "
             f"{by_stage}):\n"
             f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best float32 rate per CPU "
-            f"second{', the LM at its bfloat16 rate' if rates['train-lm'] != rate else ''}): "
+            f"second{', the LM at its bfloat16 rate' if rates['train-lm'] != rate else ''}"
+            f"{', the SAE stream at its bfloat16 rate' if low else ''}): "
             f"floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at their floor) "
             f"{here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training the LM\n"
             f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, "
