@@ -35,6 +35,7 @@ the ratio measured here) and on one H100 (floors at a stated rate).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import shutil
@@ -221,8 +222,6 @@ class Chain:
 
     def report(self):
         from pipelines.report.page import write_report
-
-        import inspect
 
         # trees from before the report drew its figures in worker processes take no `processes`
         fan_out = {"processes": self.runtime.threads} if "processes" in inspect.signature(write_report).parameters else {}

@@ -18,7 +18,6 @@ from pathlib import Path
 import jinja2
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
 from circuits.config import Config, option
