@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,3 +135,19 @@ def intra_op_threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextmanager
+def one_thread_workers(n: int) -> Iterator[ThreadPoolExecutor | None]:
+    """`n` threads that run torch work side by side, each operation on one intra-op thread
+    (None when `n` < 2: the caller's thread does the work).
+
+    Each worker sets its own count as it starts: torch's count is the calling thread's, so
+    the thread that made the pool keeps its own (a model pass there can use every core while
+    the workers wait). Small operations on two intra-op threads wait on each other at every
+    one; two threads with work of their own do not (`Runtime.tasks_at_once`)."""
+    if n < 2:
+        yield None
+        return
+    with ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        yield pool

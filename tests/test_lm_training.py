@@ -121,6 +121,41 @@ def test_resume_matches_an_uninterrupted_run(data, tmp_path, monkeypatch):
         assert log[column].tolist() == straight_log[column].tolist(), column
 
 
+def test_shards_give_the_whole_batch_gradient(data):
+    """Seven rows over three copies (3, 2 and 2 rows): each shard's mean loss weighs by its
+    rows, so the combined gradient is the whole batch's, to float32 rounding."""
+    store, cfg = data
+    model = training.build_model(cfg, "cpu", seed=1)
+    whole = training.build_model(cfg, "cpu", seed=1)
+    rows = store.train.batch(slice(0, 7))
+    loss = training.forward.next_token_loss(training.forward.run(whole, rows)[0], rows).mean()
+    loss.backward()
+    with training.one_thread_workers(3) as pool:
+        shards = training.Shards(model, 3, pool)
+        loss_of_shards = float(shards.backward(rows, "none"))
+    assert loss_of_shards == pytest.approx(loss.item(), rel=1e-6)
+    for (name, p), q in zip(model.named_parameters(), whole.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6 * float(q.grad.abs().max())), name
+    assert all(p.grad is None for c in shards.models[1:] for p in c.parameters())  # taken into the model's
+
+
+def test_a_sharded_training_repeats_resumes_and_learns_as_one_does(data, tmp_path, monkeypatch):
+    store, cfg = data
+    one, one_log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "one")
+    straight, straight_log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "a", n_shards=2)
+    monkeypatch.setattr(training, "clip_grad_norm_", _raise_after(5))  # a crash in step 6
+    with pytest.raises(KeyboardInterrupt):
+        train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "b", n_shards=2)
+    monkeypatch.undo()
+    resumed, log = train_lm(cfg, store.train, store.held_out, small_cfg(), tmp_path / "b", n_shards=2)
+    for name, value in straight.state_dict().items():  # the copies took the checkpoint's weights
+        assert torch.equal(resumed.state_dict()[name], value), name
+    assert log["held_out_loss"].tolist() == straight_log["held_out_loss"].tolist()
+    # the same steps as one copy, up to the order of float sums
+    assert straight_log["held_out_loss"].to_numpy() == pytest.approx(one_log["held_out_loss"].to_numpy(), abs=1e-3)
+    assert not torch.equal(straight.W_E, one.W_E)  # a real difference in the sums: the shards did run
+
+
 def test_state_of_another_model_is_refused(data, tmp_path, monkeypatch):
     store, cfg = data
     monkeypatch.setattr(training, "clip_grad_norm_", _raise_after(5))

@@ -31,7 +31,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -48,7 +47,7 @@ from circuits.layer import (CircuitConfig, LayerBatch, Outputs, Prepared, TokenR
 from circuits.sites import DEFAULT_INPUT_SITE
 from circuits.spectra import eigh_by_magnitude, group_positions, rebatch
 from circuits.weights import MLPWeights, SAEWeights
-from pipelines.runtime import intra_op_threads
+from pipelines.runtime import intra_op_threads, one_thread_workers
 
 
 def analyse_layer(
@@ -257,7 +256,7 @@ def _map_chunks(fn, starts, workers: int, done) -> list:
             results.append(fn(s))
             done(s)
         return results
-    with intra_op_threads(1), ThreadPoolExecutor(workers) as pool:
+    with one_thread_workers(workers) as pool:
         futures = [pool.submit(fn, s) for s in starts]
         for s, future in zip(starts, futures):
             future.result()

@@ -10,8 +10,10 @@ the same data as an uninterrupted one.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,10 +29,14 @@ from pipelines.data.tokens import TokenRows
 from pipelines.engine.files import atomic_file
 from pipelines.engine.paths import ModelPaths
 from pipelines.lm.model import ModelConfig, build_model, save_model
+from pipelines.runtime import one_thread_workers
 from sae.activations import PRECISIONS, autocast, resolve_precision
 
 if TYPE_CHECKING:  # annotations only: importing TransformerLens takes seconds
     from transformer_lens import HookedTransformer
+
+
+SHARD_ROWS = 16  # least rows of a step per `Shards` copy: the demo's half batch, where it was measured
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,11 @@ def train_lm(
     cfg: LMTrainConfig,
     work_dir: str | Path,
     device: str = "cpu",
+    n_shards: int = 1,
 ) -> tuple[HookedTransformer, pd.DataFrame]:
     """Train (or resume training) a bilinear LM in `work_dir`; returns it and its log.
+    `n_shards`: each step's rows split over that many copies of the model, a thread and one
+    intra-op thread each (`Shards`).
 
     The caller decides whether `work_dir` holds a resumable state of this very run (same
     model config, data and training config); a state of another model config is refused.
@@ -135,35 +144,36 @@ def train_lm(
               "precision column says which steps ran in which")
     model.train()
 
-    bar = tqdm(total=n_steps, initial=step, desc="train-lm", unit="step")
-    t0, tokens_since = time.perf_counter(), 0
-    while step < n_steps:
-        for group in optimiser.param_groups:
-            group["lr"] = lr_at(step, n_steps, cfg)
-        rows = train.batch(_batch(len(train), step, cfg).numpy()).to(device)
-        with autocast(precision, device):
-            loss = forward.next_token_loss(forward.run(model, rows)[0], rows).mean()
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimiser.step()
-        step += 1
-        tokens_since += rows.numel()
-        bar.update(1)
-        if step % cfg.eval_every == 0 or step == n_steps:
-            tok_s = tokens_since / (time.perf_counter() - t0)
-            entry = {"step": step, "tokens": step * cfg.batch_size * train.n_ctx, "precision": precision,
-                     "train_loss": loss.item(),
-                     "held_out_loss": held_out_loss(model, held_out, cfg.eval_rows, cfg.batch_size),
-                     "lr": lr_at(step - 1, n_steps, cfg), "tokens_per_s": tok_s}
-            log.append(entry)
-            bar.set_postfix(loss=f"{entry['train_loss']:.3f}", held_out=f"{entry['held_out_loss']:.3f}",
-                            tok_s=f"{tok_s:,.0f}")
-            t0, tokens_since = time.perf_counter(), 0
-        if step % cfg.checkpoint_every == 0 and step < n_steps:
-            with atomic_file(files.train_state) as tmp:
-                torch.save({"model": model.state_dict(), "model_config": model_cfg.to_json(),
-                            "optimizer": optimiser.state_dict(), "step": step, "log": log}, tmp)
+    with one_thread_workers(n_shards) as pool:
+        shards = Shards(model, n_shards if pool else 1, pool)
+        bar = tqdm(total=n_steps, initial=step, desc="train-lm", unit="step")
+        t0, tokens_since = time.perf_counter(), 0
+        while step < n_steps:
+            for group in optimiser.param_groups:
+                group["lr"] = lr_at(step, n_steps, cfg)
+            rows = train.batch(_batch(len(train), step, cfg).numpy()).to(device)
+            optimiser.zero_grad(set_to_none=True)
+            loss = shards.backward(rows, precision)
+            clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimiser.step()
+            shards.sync()
+            step += 1
+            tokens_since += rows.numel()
+            bar.update(1)
+            if step % cfg.eval_every == 0 or step == n_steps:
+                tok_s = tokens_since / (time.perf_counter() - t0)
+                entry = {"step": step, "tokens": step * cfg.batch_size * train.n_ctx, "precision": precision,
+                         "train_loss": loss.item(),
+                         "held_out_loss": held_out_loss(model, held_out, cfg.eval_rows, cfg.batch_size),
+                         "lr": lr_at(step - 1, n_steps, cfg), "tokens_per_s": tok_s}
+                log.append(entry)
+                bar.set_postfix(loss=f"{entry['train_loss']:.3f}", held_out=f"{entry['held_out_loss']:.3f}",
+                                tok_s=f"{tok_s:,.0f}")
+                t0, tokens_since = time.perf_counter(), 0
+            if step % cfg.checkpoint_every == 0 and step < n_steps:
+                with atomic_file(files.train_state) as tmp:
+                    torch.save({"model": model.state_dict(), "model_config": model_cfg.to_json(),
+                                "optimizer": optimiser.state_dict(), "step": step, "log": log}, tmp)
     bar.close()
     model.eval()
     save_model(model, model_cfg, out)
@@ -171,6 +181,53 @@ def train_lm(
     with atomic_file(files.train_log) as tmp:
         df.to_parquet(tmp, index=False)
     return model, df
+
+
+class Shards:
+    """A step's rows split over copies of the model, each on a thread of `pool` with one
+    intra-op thread, and their gradients combined into the model's: the gradient of the whole
+    batch's mean loss, up to the order of float sums (a fixed order: repeatable run to run).
+
+    Why: the demo's model is small (4096 x 128 x 512 products, attention over 128 tokens), and
+    two intra-op threads on each of its operations wait on each other at every one; two halves
+    of the batch on a thread each do not (`pipelines.runtime.one_thread_workers`). The demo's
+    LM on two cores: 115.0 -> 103.7 s (`benchmarks/bench_stages.py --stages train-lm`, the
+    README). Each shard has a copy of the weights (the demo's 1.2 million parameters) that
+    `sync` refreshes after each optimiser step. Without a pool the model takes every row."""
+
+    def __init__(self, model: HookedTransformer, n: int, pool: ThreadPoolExecutor | None):
+        self.models, self.pool = [model] + [copy.deepcopy(model) for _ in range(n - 1)], pool
+
+    def backward(self, rows: torch.Tensor, precision: str) -> torch.Tensor:
+        """The mean next-token loss of `rows [batch, n_ctx]`, its gradient in the model's `.grad`."""
+        if self.pool is None:
+            return _backward(self.models[0], rows, precision)
+        parts = rows.tensor_split(len(self.models))
+        losses = list(self.pool.map(_backward, self.models, parts, [precision] * len(parts)))
+        weights = [len(part) / len(rows) for part in parts]
+        for own, *others in zip(*(m.parameters() for m in self.models)):
+            if own.grad is None:
+                continue
+            own.grad.mul_(weights[0])
+            for other, weight in zip(others, weights[1:]):
+                own.grad.add_(other.grad, alpha=weight)
+                other.grad = None
+        return sum(w * loss for w, loss in zip(weights, losses))
+
+    @torch.no_grad()
+    def sync(self) -> None:
+        """The copies take the model's weights (after each optimiser step)."""
+        for own, *others in zip(*(m.parameters() for m in self.models)):
+            for other in others:
+                other.copy_(own)
+
+
+def _backward(model: HookedTransformer, rows: torch.Tensor, precision: str) -> torch.Tensor:
+    """The mean next-token loss of `rows`, back-propagated into `model`'s `.grad`."""
+    with autocast(precision, str(rows.device)):
+        loss = forward.next_token_loss(forward.run(model, rows)[0], rows).mean()
+    loss.backward()
+    return loss.detach()
 
 
 def _optimiser(model: HookedTransformer, cfg: LMTrainConfig) -> torch.optim.Optimizer:

@@ -20,7 +20,7 @@ from pipelines.engine.stamps import Stamp
 from pipelines.inputs import portable
 from pipelines.jobs import LMJob
 from pipelines.lm.behaviour import lexicon_accuracy
-from pipelines.lm.training import held_out_loss, train_lm
+from pipelines.lm.training import SHARD_ROWS, held_out_loss, train_lm
 from pipelines.runtime import Runtime
 from pipelines.stages.tokens import ensure_tokens
 
@@ -57,6 +57,8 @@ def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force
             remove(lm)
     lm.mkdir(parents=True, exist_ok=True)
     stamps.finish(files.work_stamp, stamp)
+    shards = runtime.tasks_at_once(job.train.batch_size // SHARD_ROWS)
+    shards = shards if shards == runtime.threads else 1  # fewer shards than threads would leave cores idle
     with runtime.torch_threads():
         if files.tokenizer.is_file():
             tok = load_tokenizer(lm)
@@ -65,7 +67,7 @@ def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force
             tok.save(str(files.tokenizer))
         store = ensure_tokens(run, source, tok, job.model.n_ctx, job.corpus)
         model_cfg = job.model.replace(d_vocab=tok.get_vocab_size())
-        model, log = train_lm(model_cfg, store.train, store.held_out, job.train, lm, runtime.device)
+        model, log = train_lm(model_cfg, store.train, store.held_out, job.train, lm, runtime.device, shards)
         summary = _summarise_lm(model, store, log, job)
     write_json(files.train_config, job.train.to_json())
     write_json(files.summary, summary)
