@@ -20,6 +20,7 @@ by another), so a short run does not pay for a whole buffer's model pass.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -60,7 +61,9 @@ class ActivationStream:
 
     def __init__(self, model: HookedTransformer, rows: Rows, points: list[Point], buffer_tokens: int,
                  batch_size: int, seed: int, model_batch_rows: int = 32, dtype: torch.dtype = torch.float32,
-                 precision: str = "none", total_batches: int | None = None):
+                 precision: str = "none", total_batches: int | None = None, pool: Executor | None = None):
+        """`pool`: a fill's model batches run on its threads (each batch's activations go to
+        their own places in the buffers, so the order in which batches finish does not matter)."""
         n_ctx = rows.batch(slice(0, 1)).shape[1]
         self.model, self.rows, self.points, self.n_ctx = model, rows, points, n_ctx
         self.total_batches = total_batches
@@ -69,6 +72,7 @@ class ActivationStream:
             raise ValueError(f"a buffer of {buffer_tokens} tokens holds less than one batch of {batch_size}")
         self.batch_size, self.seed = batch_size, seed
         self.model_batch_rows, self.dtype, self.precision = model_batch_rows, dtype, precision
+        self.pool = pool
         self.position = StreamPosition()
         self._buffers: dict[Point, torch.Tensor] | None = None  # [rows_per_fill * n_ctx, d_model] per point
 
@@ -106,17 +110,24 @@ class ActivationStream:
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 104729 + self.position.fill))
         where = torch.empty_like(perm)
         where[perm] = torch.arange(n)  # kept token i lands at where[i]: the buffer is kept[perm]
-        start = 0
-        with autocast(self.precision, self.model.cfg.device):
-            for found in iter_activations(self.model, tokens, self.points, keep, self.model_batch_rows):
-                first = next(iter(found.values()))
-                if self._buffers is None:
-                    self._buffers = {p: torch.empty(self.rows_per_fill * self.n_ctx, first.shape[1], dtype=self.dtype,
-                                                    device=first.device) for p in self.points}
-                index = where[start:start + first.shape[0]].to(first.device)
-                for point, acts in found.items():
-                    self._buffers[point].index_copy_(0, index, acts.to(self.dtype))
-                start += first.shape[0]
+        if self._buffers is None:
+            d = self.model.cfg.d_model
+            self._buffers = {p: torch.empty(self.rows_per_fill * self.n_ctx, d, dtype=self.dtype,
+                                            device=self.model.cfg.device) for p in self.points}
+        step = self.model_batch_rows
+        # where each model batch's kept tokens start among the fill's kept tokens
+        starts = torch.cat([torch.zeros(1, dtype=torch.long), keep.sum(1).cumsum(0)])[::step].tolist()
+
+        def pass_rows(first: int, start: int) -> None:
+            with autocast(self.precision, self.model.cfg.device):  # per thread: autocast is thread-local
+                for found in iter_activations(self.model, tokens[first : first + step], self.points,
+                                              keep[first : first + step], step):
+                    index = where[start : start + next(iter(found.values())).shape[0]].to(self.model.cfg.device)
+                    for point, acts in found.items():
+                        self._buffers[point].index_copy_(0, index, acts.to(self.dtype))
+
+        firsts = range(0, len(tokens), step)
+        list((self.pool.map if self.pool is not None else map)(pass_rows, firsts, starts))
         return {p: b[:n] for p, b in self._buffers.items()}
 
     def __iter__(self) -> Iterator[dict[Point, torch.Tensor]]:

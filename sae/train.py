@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
@@ -56,18 +57,19 @@ def train_saes(
     checkpoint: Callable[[dict], None] | None = None,
     resume: dict | None = None,
     on_step: Callable[[], None] | None = None,
+    pool: Executor | None = None,
 ) -> dict[Point, TopKTrainer]:
     """Train one SAE per point on `cfg.train_steps` batches; returns the finished trainers.
 
     `cfg` must be resolved (`SAETrainConfig.resolve`). `resume` is a state an earlier
     `checkpoint` call received, for the same points, rows and recipe. `on_step()` is called
-    after every step (progress reports).
+    after every step (progress reports). `pool`: the stream's model batches run on its threads.
     """
     if cfg.k is None or cfg.lr is None:
         raise ValueError("resolve the config first: SAETrainConfig.resolve(d_model)")
     trainers = build_trainers(points, model.cfg.d_model, cfg, device)
     stream = ActivationStream(model, rows, points, cfg.buffer_tokens, cfg.batch_size, cfg.seed,
-                              cfg.model_batch_rows, precision=cfg.autocast, total_batches=cfg.train_steps)
+                              cfg.model_batch_rows, precision=cfg.autocast, total_batches=cfg.train_steps, pool=pool)
     step = 0
     if resume is not None:
         for point, trainer in trainers.items():

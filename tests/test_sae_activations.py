@@ -151,6 +151,25 @@ def test_stream_resumed_from_its_position_continues_identically(model, tokens):
         assert torch.equal(got[points[0]], expected[points[0]])
 
 
+def test_a_stream_whose_model_batches_run_on_threads_serves_the_same_batches(model, tokens):
+    """Rows keep different numbers of tokens (BOS, padding), so each model batch's tokens start
+    where the earlier batches' end: run side by side, every batch must still land there."""
+    from pipelines.runtime import intra_op_threads, one_thread_workers
+
+    rows = _Rows(tokens)
+    points = [(0, "resid_mid"), (1, "mlp_out")]
+    make = lambda pool=None: ActivationStream(model, rows, points, buffer_tokens=64 * 5, batch_size=40,  # noqa: E731
+                                              seed=2, model_batch_rows=3, pool=pool)
+    assert len(set(rows.keep(tokens).sum(1).tolist())) > 1
+    with intra_op_threads(1):
+        alone = list(itertools.islice(iter(make()), 10))
+        with one_thread_workers(2) as pool:
+            threaded = list(itertools.islice(iter(make(pool)), 10))
+    for got, expected in zip(threaded, alone):
+        for point in points:
+            assert torch.equal(got[point], expected[point]), point
+
+
 class _CountingRows(_Rows):
     def __init__(self, tokens):
         super().__init__(tokens)

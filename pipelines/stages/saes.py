@@ -20,7 +20,7 @@ from pipelines.engine.stamps import Stamp
 from pipelines.engine.tasks import Task, run_tasks
 from pipelines.inputs import StageInputs
 from pipelines.jobs import SAEJob
-from pipelines.runtime import Runtime
+from pipelines.runtime import Runtime, one_thread_workers
 from pipelines.stages.base import TABLE_FORMAT, gpus, tokens_digest
 from sae.config import SAETrainConfig
 from sae.io import read_metrics, write_sae_extras
@@ -55,7 +55,10 @@ def ensure_saes(work: StageInputs, *, job: SAEJob, layers: list[int], runtime: R
             print(f"discarding {stale.name}: it resumes SAEs grouped or trained otherwise than now")
             stale.unlink()
             run.sae_checkpoint_stamp(name).unlink(missing_ok=True)
-    tasks = [Task("SAEs " + ", ".join(point_name(p) for p in group), (cfg, group), gpus(runtime)) for group in groups]
+    # a group's stream runs its model batches side by side on the CPU's threads, one intra-op thread each
+    workers = runtime.tasks_at_once(runtime.threads)
+    tasks = [Task("SAEs " + ", ".join(point_name(p) for p in group), (cfg, group, workers), gpus(runtime))
+             for group in groups]
     run_tasks(runtime, _train_points, work, tasks, "train-saes")
     for layer in sorted({p[0] for p in points}):
         _write_metrics_table(run, layer)
@@ -83,7 +86,7 @@ def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point]]) -
     from sae.topk import save_sae_lens
     from sae.train import inference_weights, train_saes
 
-    cfg, todo = unit
+    cfg, todo, workers = unit
     run, device = work.run, work.lm.device
     job = _group_stamp(work, cfg, todo)
     name = _checkpoint_name(work, cfg, todo)
@@ -101,8 +104,9 @@ def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point]]) -
             torch.save(state, tmp)
 
     model = work.lm.model
-    trainers = train_saes(model, work.store.train, todo, cfg, device, save_checkpoint, resume,
-                          on_step=lambda: work.report(cfg.batch_size * len(todo)))
+    with one_thread_workers(workers) as pool:
+        trainers = train_saes(model, work.store.train, todo, cfg, device, save_checkpoint, resume,
+                              on_step=lambda: work.report(cfg.batch_size * len(todo)), pool=pool)
     eval_rows = work.store.held_out.head(cfg.eval_rows)
     tokens = eval_rows.batch(slice(None))
     keep = eval_rows.keep(tokens)
