@@ -79,8 +79,9 @@ def _checkpoint_name(work: StageInputs, cfg: SAETrainConfig, points: list[Point]
     return text_digest(_group_stamp(work, cfg, points).to_json())[:12]
 
 
-def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point]]) -> None:
-    """Train one group of SAEs from one stream, resuming its own checkpoint if it has one."""
+def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point], int]) -> None:
+    """Train one group of SAEs from one stream, resuming its own checkpoint if it has one; the
+    stream's model batches run on `workers` threads, one intra-op thread each."""
     # here, not at the top: sae-lens (with TransformerLens) takes seconds to import, and the
     # command line's parser imports this module
     from sae.topk import save_sae_lens
