@@ -142,12 +142,15 @@ def one_thread_workers(n: int) -> Iterator[ThreadPoolExecutor | None]:
     """`n` threads that run torch work side by side, each operation on one intra-op thread
     (None when `n` < 2: the caller's thread does the work).
 
-    Each worker sets its own count as it starts: torch's count is the calling thread's, so
-    the thread that made the pool keeps its own (a model pass there can use every core while
-    the workers wait). Small operations on two intra-op threads wait on each other at every
-    one; two threads with work of their own do not (`Runtime.tasks_at_once`)."""
+    Each worker sets its own count as it starts. A worker's `set_num_threads` also changes
+    torch's default for threads that have not read theirs yet, so the caller's count is read
+    before the pool starts (the caller keeps it: a model pass there can use every core while
+    the workers wait) and torch's default restored after. Small operations on two intra-op
+    threads wait on each other at every one; two threads with work of their own do not
+    (`Runtime.tasks_at_once`)."""
     if n < 2:
         yield None
         return
-    with ThreadPoolExecutor(n, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+    with intra_op_threads(torch.get_num_threads()), ThreadPoolExecutor(n, initializer=torch.set_num_threads,
+                                                                       initargs=(1,)) as pool:
         yield pool

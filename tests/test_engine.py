@@ -458,3 +458,26 @@ def test_glibc_keeps_freed_memory_for_the_next_allocations(monkeypatch):
     monkeypatch.setattr(cli, "_run", lambda args: 0)
     assert cli.main(["report", "--out", "nowhere"]) == 0
     assert asked == [True]
+
+
+def test_one_thread_workers_run_on_one_thread_and_leave_the_callers_count():
+    """Workers run on one intra-op thread; the caller keeps its count inside the pool and
+    after it, and a thread started after the pool gets the caller's count, not the workers'."""
+    import threading
+
+    import torch
+
+    from pipelines.runtime import intra_op_threads, one_thread_workers
+
+    with intra_op_threads(2):
+        with one_thread_workers(2) as pool:
+            assert pool.submit(torch.get_num_threads).result() == 1
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 2
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert later == [2]
+    with one_thread_workers(1) as pool:
+        assert pool is None

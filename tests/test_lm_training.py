@@ -156,6 +156,13 @@ def test_a_sharded_training_repeats_resumes_and_learns_as_one_does(data, tmp_pat
     assert not torch.equal(straight.W_E, one.W_E)  # a real difference in the sums: the shards did run
 
 
+def test_more_shards_than_rows_train_a_copy_per_row(data, tmp_path):
+    store, cfg = data
+    _, log = train_lm(cfg, store.train, store.held_out, small_cfg(batch_size=2, train_tokens=2 * N_CTX * 2),
+                      tmp_path, n_shards=3)
+    assert log["step"].tolist() == [2] and np.isfinite(log["train_loss"]).all()
+
+
 def test_state_of_another_model_is_refused(data, tmp_path, monkeypatch):
     store, cfg = data
     monkeypatch.setattr(training, "clip_grad_norm_", _raise_after(5))

@@ -151,15 +151,18 @@ def test_stream_resumed_from_its_position_continues_identically(model, tokens):
         assert torch.equal(got[points[0]], expected[points[0]])
 
 
-def test_a_stream_whose_model_batches_run_on_threads_serves_the_same_batches(model, tokens):
-    """Rows keep different numbers of tokens (BOS, padding), so each model batch's tokens start
-    where the earlier batches' end: run side by side, every batch must still land there."""
+@pytest.mark.parametrize("precision, batch_rows", [("none", 3), ("bf16", 3), ("none", 5)])
+def test_a_stream_whose_model_batches_run_on_threads_serves_the_same_batches(model, tokens, precision, batch_rows):
+    """The same batches, bit for bit, with a fill's model batches on two threads as one after
+    another: rows keep different numbers of tokens, so each batch's tokens start where the
+    earlier batches' end (where that is, the tests above check); a fill of 5 rows is split 3 +
+    2, or taken whole; in bfloat16 each thread must enter the autocast itself."""
     from pipelines.runtime import intra_op_threads, one_thread_workers
 
     rows = _Rows(tokens)
     points = [(0, "resid_mid"), (1, "mlp_out")]
     make = lambda pool=None: ActivationStream(model, rows, points, buffer_tokens=64 * 5, batch_size=40,  # noqa: E731
-                                              seed=2, model_batch_rows=3, pool=pool)
+                                              seed=2, model_batch_rows=batch_rows, precision=precision, pool=pool)
     assert len(set(rows.keep(tokens).sum(1).tolist())) > 1
     with intra_op_threads(1):
         alone = list(itertools.islice(iter(make()), 10))
@@ -168,6 +171,7 @@ def test_a_stream_whose_model_batches_run_on_threads_serves_the_same_batches(mod
     for got, expected in zip(threaded, alone):
         for point in points:
             assert torch.equal(got[point], expected[point]), point
+            assert not got[point].requires_grad  # grad mode is per thread too: no graph kept from a worker
 
 
 class _CountingRows(_Rows):

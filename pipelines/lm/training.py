@@ -144,6 +144,7 @@ def train_lm(
               "precision column says which steps ran in which")
     model.train()
 
+    n_shards = min(n_shards, cfg.batch_size)  # a copy without rows would have no loss
     with one_thread_workers(n_shards) as pool:
         shards = Shards(model, n_shards if pool else 1, pool)
         bar = tqdm(total=n_steps, initial=step, desc="train-lm", unit="step")
@@ -206,9 +207,7 @@ class Shards:
         parts = rows.tensor_split(len(self.models))
         losses = list(self.pool.map(_backward, self.models, parts, [precision] * len(parts)))
         weights = [len(part) / len(rows) for part in parts]
-        for own, *others in zip(*(m.parameters() for m in self.models)):
-            if own.grad is None:
-                continue
+        for own, *others in zip(*(m.parameters() for m in self.models)):  # every parameter has a gradient
             own.grad.mul_(weights[0])
             for other, weight in zip(others, weights[1:]):
                 own.grad.add_(other.grad, alpha=weight)
