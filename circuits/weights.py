@@ -72,8 +72,8 @@ class SAEWeights:
         """Activations `[..., d_sae]` of inputs `a [..., d_in]` (zeros where inactive)."""
         pre = self.pre(a)
         if self.k is not None and self.k < self.d_sae:
-            values, indices = pre.topk(self.k, dim=-1)
-            pre = torch.zeros_like(pre).scatter_(-1, indices, values)
+            indices = top_k_indices(pre, self.k)
+            pre = torch.zeros_like(pre).scatter_(-1, indices, pre.gather(-1, indices))
         return pre.relu() if self.relu else pre
 
     def encode_at(self, pre: torch.Tensor, latent: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,6 +98,27 @@ class SAEWeights:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def top_k_indices(x: torch.Tensor, k: int, block: int = 4) -> torch.Tensor:
+    """`[..., k]`: where each row of `x [..., n]` holds its k largest values, in no order;
+    `x.topk(k, sorted=False).indices` (the same values, and on exact ties perhaps other
+    places holding them).
+
+    The k largest lie in the k blocks of `block` neighbouring columns whose maxima are
+    largest (a value in the top k has fewer than k larger values, so fewer than k blocks have
+    a larger maximum than its block). Ranking the block maxima, then those blocks' columns,
+    reads a quarter and an eighth of a row: torch's top-k on a CPU sorts a copy of each row,
+    and at the demo's SAEs (512 latents, k 16) this takes two thirds of its time
+    (`benchmarks/bench_topk.py`). Rows too short to gain are ranked whole."""
+    n = x.shape[-1]
+    if n % block or n < 2 * block * k:
+        return x.topk(k, dim=-1, sorted=False).indices
+    rows = x.reshape(-1, n)
+    best = rows.view(len(rows), n // block, block).amax(-1).topk(k, dim=-1, sorted=False).indices
+    columns = (best[:, :, None] * block + torch.arange(block, device=x.device)).view(len(rows), k * block)
+    top = columns.gather(1, rows.gather(1, columns).topk(k, dim=-1, sorted=False).indices)
+    return top.view(*x.shape[:-1], k)
 
 
 def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:

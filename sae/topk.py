@@ -56,6 +56,8 @@ from sae_lens import TopKSAEConfig
 from sae_lens.saes.sae import SAEMetadata
 from torch import Tensor, nn
 
+from circuits.weights import top_k_indices
+
 # Fused AdamW is one kernel instead of a dozen passes over the weights; elsewhere torch picks
 # its default implementation.
 FUSED_ADAM_DEVICES = ("cpu", "cuda")
@@ -203,7 +205,7 @@ class TopKSAE(nn.Module):
 
     def top_indices(self, pre: Tensor) -> Tensor:
         """The k largest pre-activations' latents `[batch, k]`, ascending within each row."""
-        return pre.topk(self.k, dim=1, sorted=False).indices.sort(dim=1).values
+        return top_k_indices(pre, self.k).sort(dim=1).values
 
     def encode(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x `[batch, d_in]` -> (values `[batch, k]` ReLU'd, indices `[batch, k]` ascending)."""
@@ -256,7 +258,7 @@ def _dead_latents(
     than `k_aux` are dead.
     """
     if sync_free:
-        slots = pre.masked_fill(~dead, -math.inf).topk(min(k_aux, pre.shape[1]), dim=1, sorted=False).indices
+        slots = top_k_indices(pre.masked_fill(~dead, -math.inf), min(k_aux, pre.shape[1]))
         slots = slots.sort(dim=1).values
         return slots, dead[slots], (dead.sum() / k_aux).clamp(max=1.0)
     dead_ids = dead.nonzero().squeeze(1)
@@ -265,7 +267,7 @@ def _dead_latents(
         return None
     if n_dead <= k_aux:
         return dead_ids.expand(pre.shape[0], n_dead).contiguous(), None, n_dead / k_aux
-    best = pre.index_select(1, dead_ids).topk(k_aux, dim=1, sorted=False).indices
+    best = top_k_indices(pre.index_select(1, dead_ids), k_aux)
     return dead_ids[best].sort(dim=1).values, None, 1.0
 
 

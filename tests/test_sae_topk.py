@@ -11,6 +11,7 @@ from sae_lens import SAE, TopKTrainingSAE, TopKTrainingSAEConfig
 from sae_lens.saes.sae import TrainStepInput
 from sae_lens.training.optim import get_lr_scheduler
 
+from circuits.weights import top_k_indices
 from sae.topk import TopKSAE, TopKTrainer, _latent_by_token, cosine_lr, save_sae_lens, training_losses
 
 PARAMS = ("W_enc", "W_dec", "b_dec")
@@ -290,3 +291,29 @@ def test_each_point_is_seeded_by_itself_not_by_its_place_among_the_points():
     assert all(not torch.equal(starts[i], starts[j]) for i in range(4) for j in range(i + 1, 4))
     other_seed = build_trainers([(1, "mlp_out")], 16, cfg.replace(seed=1), "cpu")
     assert not torch.equal(start(other_seed, (1, "mlp_out")), start(alone, (1, "mlp_out")))
+
+
+@pytest.mark.parametrize("rows, n, k", [(300, 512, 16), (64, 2048, 30), (50, 100, 7), (40, 64, 16), (20, 32, 32)])
+def test_top_k_indices_finds_each_rows_k_largest(rows, n, k):
+    """Without ties, the columns of each row's k largest values (the places torch.topk names);
+    with many ties (values from a few integers), the same k values, each column once."""
+    generator = torch.Generator().manual_seed(n + k)
+    x = torch.randn(rows, n, generator=generator, dtype=torch.float64)
+    found = top_k_indices(x, k)
+    assert found.shape == (rows, k)
+    assert torch.equal(found.sort(1).values, x.topk(k, dim=1).indices.sort(1).values)
+    # the largest values of a row in one block, the rest small: the blocks' maxima alone would miss them
+    crowded = x.clone()
+    crowded[:, :k] = 100 + torch.arange(k, dtype=x.dtype)
+    assert torch.equal(top_k_indices(crowded, k).sort(1).values, torch.arange(k).expand(rows, k))
+    tied = torch.randint(0, 3, (rows, n), generator=generator).double()
+    found = top_k_indices(tied, k)
+    assert torch.equal(tied.gather(1, found).sort(1).values, tied.topk(k, dim=1).values.sort(1).values)
+    assert (found.sort(1).values.diff(dim=1) > 0).all()
+
+
+def test_top_k_indices_keeps_leading_dimensions():
+    x = torch.randn(3, 5, 256, generator=torch.Generator().manual_seed(1))
+    found = top_k_indices(x, 8)
+    assert found.shape == (3, 5, 8)
+    assert torch.equal(found.sort(-1).values, x.topk(8, dim=-1).indices.sort(-1).values)

@@ -1,0 +1,48 @@
+"""Top-k selection: torch's `topk` against `circuits.weights.top_k_indices` (block maxima
+first), at the shapes the toolkit selects from: the demo's SAEs (512 latents, k 16) in
+training batches and token caches, and the paper preset's (2048 latents, k 30). Both in
+one run, alternating, on the same rows; prints milliseconds per call and their ratio.
+
+    python benchmarks/bench_topk.py [--threads 1 2] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from circuits.weights import top_k_indices
+
+SHAPES = {"demo SAE step": (4096, 512, 16), "demo token cache": (8192, 512, 16), "paper SAE step": (4096, 2048, 30)}
+
+
+def per_call(fn, repeats: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts to try")
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls per method and shape")
+    args = parser.parse_args()
+    generator = torch.Generator().manual_seed(0)
+    print(f"{'shape':18s} {'threads':>7s} {'topk ms':>8s} {'ours ms':>8s} {'speed-up':>8s}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for name, (rows, n, k) in SHAPES.items():
+            x = torch.randn(rows, n, generator=generator)
+            theirs = ours = 0.0
+            for _ in range(3):  # alternating, so a busy spell slows both
+                theirs += per_call(lambda: x.topk(k, dim=-1, sorted=False), args.repeats)
+                ours += per_call(lambda: top_k_indices(x, k), args.repeats)
+            print(f"{name:18s} {threads:7d} {theirs / 3:8.2f} {ours / 3:8.2f} {theirs / ours:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
