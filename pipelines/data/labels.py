@@ -108,8 +108,9 @@ class Labeller:
         return classes.index(label) + 1
 
     def label(self, text: str, offsets: list[tuple[int, int]], doc_class: str | None,
-              spans: list[tuple[int, int, str]] | None) -> dict[str, np.ndarray]:
-        """Codes `[n_tokens]` int8 per channel for a document's tokens with char `offsets`."""
+              spans: list[tuple[int, int, str]] | None, lead: int = 0) -> dict[str, np.ndarray]:
+        """Codes `[lead + n_tokens]` int8 per channel for a document's tokens with char
+        `offsets`, after `lead` unlabelled tokens (a BOS)."""
         n = len(offsets)
         # an empty token is never labelled: the others, where neither bound ever steps back (a
         # tokenizer's offsets, read in order), lie inside a span in one run, found by bisection (a
@@ -131,19 +132,22 @@ class Labeller:
                 run = [kept[i] for i in np.flatnonzero((starts >= a) & (ends <= b))]
                 found = bool(run)
             if found:
-                codes = out.setdefault(channel, np.zeros(n, dtype=np.int8))
-                codes[run] = self._code(channel, label)
+                codes = out.setdefault(channel, np.zeros(lead + n, dtype=np.int8))
+                codes[lead:][run] = self._code(channel, label)
 
         for a, b, name in spans or ():
             channel, _, label = name.partition("=")
             mark(channel, label or channel, a, b)
         if self.class_channel is not None and doc_class is not None:
-            out.setdefault(self.class_channel, np.zeros(n, dtype=np.int8))[:] = self._code(self.class_channel, doc_class)
+            codes = out.setdefault(self.class_channel, np.zeros(lead + n, dtype=np.int8))
+            codes[lead:] = self._code(self.class_channel, doc_class)
         if self.lexicon:
-            # words are found in the text itself and lower-cased one by one: lower-casing the
-            # whole text first would shift every offset after a character such as 'İ'
-            for match in _WORD.finditer(text):
-                label = self.lexicon.get(match.group().lower() if self.lowercase else match.group())
+            # words are found in the text lower-cased whole where that keeps every offset, else one
+            # by one: a character such as 'İ' lower-cases to two, shifting every offset after it
+            lowered = text.lower() if self.lowercase else text
+            whole_text = len(lowered) == len(text)
+            for match in _WORD.finditer(lowered if whole_text else text):
+                label = self.lexicon.get(match.group() if whole_text else match.group().lower())
                 if label is not None:
                     mark(LEXICON_CHANNEL, label, match.start(), match.end())
         return out

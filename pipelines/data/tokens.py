@@ -250,10 +250,9 @@ def build_token_store(
                 ids = np.asarray(enc.ids, dtype=np.int64)
                 offsets = _word_offsets(text, enc.offsets)
                 labels = labeller.label(text, offsets, batch.classes[i] if batch.classes else None,
-                                        batch.spans[i] if batch.spans else None)
+                                        batch.spans[i] if batch.spans else None, lead=int(bos is not None))
                 if bos is not None:
                     ids = np.concatenate([[bos], ids])
-                    labels = {c: np.concatenate([[0], v]).astype(np.int8) for c, v in labels.items()}
                 split = "held_out" if held[i] else "train"
                 writers[split].add(ids, doc + i, labels, len(text.encode("utf-8")), len(enc.ids))
             doc += len(batch.texts)
