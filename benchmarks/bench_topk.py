@@ -1,7 +1,8 @@
 """Top-k selection: torch's `topk` against `circuits.weights.top_k_indices` (block maxima
 first), at the shapes the toolkit selects from: the demo's SAEs (512 latents, k 16) in
 training batches and token caches, and the paper preset's (2048 latents, k 30). Both in
-one run, alternating, on the same rows; prints milliseconds per call and their ratio.
+one run, alternating, on the same rows, with freed memory kept as the command line keeps it
+(`pipelines.runtime.reuse_freed_memory`); prints milliseconds per call and their ratio.
 
     python benchmarks/bench_topk.py [--threads 1 2] [--repeats 30]
 """
@@ -14,6 +15,7 @@ import time
 import torch
 
 from circuits.weights import top_k_indices
+from pipelines.runtime import reuse_freed_memory
 
 SHAPES = {"demo SAE step": (4096, 512, 16), "demo token cache": (8192, 512, 16), "paper SAE step": (4096, 2048, 30)}
 
@@ -31,6 +33,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts to try")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per method and shape")
     args = parser.parse_args()
+    reuse_freed_memory()
     generator = torch.Generator().manual_seed(0)
     print(f"{'shape':18s} {'threads':>7s} {'topk ms':>8s} {'ours ms':>8s} {'speed-up':>8s}")
     for threads in args.threads:

@@ -102,23 +102,33 @@ class SAEWeights:
 
 def top_k_indices(x: torch.Tensor, k: int, block: int = 4) -> torch.Tensor:
     """`[..., k]`: where each row of `x [..., n]` holds its k largest values, in no order;
-    `x.topk(k, sorted=False).indices` (the same values, and on exact ties perhaps other
-    places holding them).
+    the places `x.topk(k, sorted=False).indices` names, ties included.
 
     The k largest lie in the k blocks of `block` neighbouring columns whose maxima are
     largest (a value in the top k has fewer than k larger values, so fewer than k blocks have
     a larger maximum than its block). Ranking the block maxima, then those blocks' columns,
     reads a quarter and an eighth of a row: torch's top-k on a CPU sorts a copy of each row,
     and at the demo's SAEs (512 latents, k 16) this takes two thirds of its time
-    (`benchmarks/bench_topk.py`). Rows too short to gain are ranked whole."""
+    (`benchmarks/bench_topk.py`). Where the k-th largest value is tied (about one row in a
+    million in the demo's SAE training) the tie's winners are torch's own choice, so rows
+    with a tie are ranked whole by torch, and so are rows too short to gain."""
     n = x.shape[-1]
     if n % block or n < 2 * block * k:
         return x.topk(k, dim=-1, sorted=False).indices
     rows = x.reshape(-1, n)
-    best = rows.view(len(rows), n // block, block).amax(-1).topk(k, dim=-1, sorted=False).indices
-    columns = (best[:, :, None] * block + torch.arange(block, device=x.device)).view(len(rows), k * block)
-    top = columns.gather(1, rows.gather(1, columns).topk(k, dim=-1, sorted=False).indices)
-    return top.view(*x.shape[:-1], k)
+    maxima = rows.view(len(rows), n // block, block).amax(-1)
+    best = maxima.topk(k, dim=-1, sorted=False)
+    columns = (best.indices[:, :, None] * block + torch.arange(block, device=x.device)).view(len(rows), k * block)
+    values = rows.gather(1, columns)
+    top = values.topk(k, dim=-1, sorted=False)
+    # a tie can only be at the k-th value among the chosen columns, or at the k-th block maximum
+    # (a block left out then may hold a value equal to the k-th): counted here, not in whole rows
+    count = lambda table, kth: (table >= kth.amin(1, keepdim=True)).sum(1, dtype=torch.int32)  # noqa: E731
+    tied = ((count(values, top.values) > k) | (count(maxima, best.values) > k)).nonzero()[:, 0]
+    found = columns.gather(1, top.indices)
+    if len(tied):
+        found[tied] = rows[tied].topk(k, dim=-1, sorted=False).indices
+    return found.view(*x.shape[:-1], k)
 
 
 def check_finite(tensors: dict[str, torch.Tensor], where: str) -> None:
