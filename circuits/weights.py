@@ -107,13 +107,14 @@ def top_k_indices(x: torch.Tensor, k: int, block: int = 4) -> torch.Tensor:
     The k largest lie in the k blocks of `block` neighbouring columns whose maxima are
     largest (a value in the top k has fewer than k larger values, so fewer than k blocks have
     a larger maximum than its block). Ranking the block maxima, then those blocks' columns,
-    reads a quarter and an eighth of a row: torch's top-k on a CPU sorts a copy of each row,
-    and at the demo's SAEs (512 latents, k 16) this takes two thirds of its time
-    (`benchmarks/bench_topk.py`). Where the k-th largest value is tied (about one row in a
-    million in the demo's SAE training) the tie's winners are torch's own choice, so rows
-    with a tie are ranked whole by torch, and so are rows too short to gain."""
+    reads a quarter and an eighth of a row: torch's top-k on a CPU partitions a copy of each
+    row, and at the demo's SAEs (512 latents, k 16) this takes three quarters of its time on
+    one thread (`benchmarks/bench_topk.py`). Where the k-th largest value is tied (about one
+    row in a million in the demo's SAE training) the tie's winners are torch's own choice, so
+    rows with a tie are ranked whole by torch, and so are rows too short to gain. Elsewhere
+    than on a CPU torch ranks every row: finding the tied rows would wait for the device."""
     n = x.shape[-1]
-    if n % block or n < 2 * block * k:
+    if x.device.type != "cpu" or n % block or n < 2 * block * k:
         return x.topk(k, dim=-1, sorted=False).indices
     rows = x.reshape(-1, n)
     maxima = rows.view(len(rows), n // block, block).amax(-1)
