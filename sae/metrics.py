@@ -42,6 +42,7 @@ def evaluate_sae(
     site: str,
     keep: torch.Tensor | None = None,
     batch_seqs: int = 32,
+    clean: torch.Tensor | None = None,
 ) -> SAEMetrics:
     """Metrics of `sae` at (`layer`, `site`) on `tokens` `[n_seq, n_ctx]`.
 
@@ -50,7 +51,9 @@ def evaluate_sae(
     train on it). NMSE is normalised by the total variance of the activations around their
     mean over the kept eval tokens, `sum_t ||x_t - mean||^2`, not by their raw squared norm,
     so a constant offset earns no credit. The losses average over positions `t` that are kept
-    and whose target `t + 1` is kept, the predictions the splice can change.
+    and whose target `t + 1` is kept, the predictions the splice can change. `clean`: the
+    model's own losses on `tokens` (`clean_losses`, with the same `batch_seqs`), when several
+    SAEs are evaluated on the same tokens; computed here otherwise.
     """
     if site not in SITES:
         raise ValueError(f"unknown SAE site {site!r}; SAEs are evaluated at {', '.join(SITES)}")
@@ -62,6 +65,7 @@ def evaluate_sae(
     # writes) what the MLP multiplies, so the gain is applied and divided out around it
     gain = getattr(model.blocks[layer].ln2, "w", None) if site == MLP_IN else None
     check_tokens(tokens, model)
+    clean = clean_losses(model, tokens, batch_seqs) if clean is None else clean
     keep = torch.ones_like(tokens, dtype=torch.bool) if keep is None else keep.bool()
     stats = _ReconstructionStats(sae.d_in, sae.d_sae)
     loss_sums = torch.zeros(2, dtype=torch.float64)  # clean, patched
@@ -83,10 +87,9 @@ def evaluate_sae(
             return act
 
         scored = rows[:, :-1] & rows[:, 1:]  # [batch, pos - 1]
-        clean = model(batch)
         patched = model.run_with_hooks(batch, fwd_hooks=[(hook, splice)])
-        for i, logits in enumerate((clean, patched)):
-            loss_sums[i] += token_losses(logits, batch)[scored].double().sum().cpu()
+        loss_sums[0] += clean[start : start + batch_seqs].to(device)[scored].double().sum().cpu()
+        loss_sums[1] += token_losses(patched, batch)[scored].double().sum().cpu()
         n_loss += int(scored.sum())
     if stats.n == 0 or n_loss == 0:
         raise ValueError("no evaluation tokens: every position was masked out")
@@ -100,6 +103,16 @@ def evaluate_sae(
         loss_added=(loss_patched - loss_clean) / loss_clean,
         eval_tokens=stats.n,
     )
+
+
+@torch.no_grad()
+def clean_losses(model: HookedTransformer, tokens: torch.Tensor, batch_seqs: int = 32) -> torch.Tensor:
+    """The model's next-token losses `[n_seq, n_ctx - 1]` on `tokens`, `batch_seqs` rows a pass
+    (on the CPU): what `evaluate_sae` compares each SAE's splice with, computed once for all
+    the SAEs of a stage rather than once per SAE."""
+    device = model.cfg.device
+    return torch.cat([token_losses(model(batch), batch).cpu()
+                      for batch in (tokens[s : s + batch_seqs].to(device) for s in range(0, len(tokens), batch_seqs))])
 
 
 def token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

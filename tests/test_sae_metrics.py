@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from circuits.weights import SAEWeights
-from sae.metrics import evaluate_sae
+from sae.metrics import clean_losses, evaluate_sae
 
 BOS, PAD = 0, 1
 
@@ -89,6 +89,17 @@ def test_metrics_match_a_manual_splice(model, tokens, site):
     assert got.dead_fraction == pytest.approx(dead)
     assert got.dead_fraction >= 10 / 128
     assert got.eval_tokens == int(keep.sum())
+
+
+def test_clean_losses_computed_once_give_each_saes_metrics(model, tokens):
+    """The SAE stage computes the model's own losses once for all its SAEs: each SAE's metrics
+    are then the same, bit for bit, as when evaluate_sae computes them itself."""
+    keep = keep_mask(tokens, bos_id=BOS, pad_id=PAD)
+    clean = clean_losses(model, tokens, batch_seqs=3)
+    assert clean.shape == (tokens.shape[0], tokens.shape[1] - 1)
+    for seed, site in ((0, "resid_mid"), (1, "mlp_out")):
+        alone = evaluate_sae(model, make_sae(seed=seed), tokens, 1, site, keep, batch_seqs=3)
+        assert evaluate_sae(model, make_sae(seed=seed), tokens, 1, site, keep, batch_seqs=3, clean=clean) == alone
 
 
 def test_a_perfect_reconstruction_adds_no_loss(model, tokens):

@@ -24,7 +24,7 @@ from pipelines.runtime import Runtime, one_thread_workers
 from pipelines.stages.base import TABLE_FORMAT, gpus, tokens_digest
 from sae.config import SAETrainConfig
 from sae.io import read_metrics, write_sae_extras
-from sae.metrics import evaluate_sae
+from sae.metrics import clean_losses, evaluate_sae
 
 
 def ensure_saes(work: StageInputs, *, job: SAEJob, layers: list[int], runtime: Runtime) -> pd.DataFrame:
@@ -111,10 +111,11 @@ def _train_points(work: StageInputs, unit: tuple[SAETrainConfig, list[Point], in
     eval_rows = work.store.held_out.head(cfg.eval_rows)
     tokens = eval_rows.batch(slice(None))
     keep = eval_rows.keep(tokens)
+    clean = clean_losses(model, tokens, cfg.model_batch_rows)
     for point, trainer in tqdm(trainers.items(), desc="evaluate SAEs", unit="SAE"):
         layer, site = point
         weights = inference_weights(trainer.sae)
-        metrics = evaluate_sae(model, weights, tokens, layer, site, keep, cfg.model_batch_rows)
+        metrics = evaluate_sae(model, weights, tokens, layer, site, keep, cfg.model_batch_rows, clean)
         row = {"layer": layer, "site": site, "hook": hook_name(layer, site), "d_in": weights.d_in,
                "d_sae": weights.d_sae, "k": cfg.k, "train_tokens": cfg.used_tokens, **metrics.to_json()}
         with atomic_dir(run.sae(*point)) as tmp:
