@@ -66,6 +66,9 @@ def evaluate_sae(
     gain = getattr(model.blocks[layer].ln2, "w", None) if site == MLP_IN else None
     check_tokens(tokens, model)
     clean = clean_losses(model, tokens, batch_seqs) if clean is None else clean
+    if clean.shape != (tokens.shape[0], tokens.shape[1] - 1):
+        raise ValueError(f"clean losses of shape {tuple(clean.shape)} for tokens {tuple(tokens.shape)}: "
+                         "give clean_losses of the same tokens")
     keep = torch.ones_like(tokens, dtype=torch.bool) if keep is None else keep.bool()
     stats = _ReconstructionStats(sae.d_in, sae.d_sae)
     loss_sums = torch.zeros(2, dtype=torch.float64)  # clean, patched

@@ -100,6 +100,8 @@ def test_clean_losses_computed_once_give_each_saes_metrics(model, tokens):
     for seed, site in ((0, "resid_mid"), (1, "mlp_out")):
         alone = evaluate_sae(model, make_sae(seed=seed), tokens, 1, site, keep, batch_seqs=3)
         assert evaluate_sae(model, make_sae(seed=seed), tokens, 1, site, keep, batch_seqs=3, clean=clean) == alone
+    with pytest.raises(ValueError, match="clean losses of shape"):
+        evaluate_sae(model, make_sae(), tokens, 1, "resid_mid", keep, batch_seqs=3, clean=clean[:4])
 
 
 def test_a_perfect_reconstruction_adds_no_loss(model, tokens):
