@@ -59,22 +59,32 @@ SAMPLE_S = 0.02
 # ------------------------------------------------------------------ measuring the machine
 
 
-def matmul_rate(threads: int, seconds: float = 1.0, n: int = 1024, dtype: str = "float32") -> tuple[float, float]:
+def matmul_rate(threads: int, seconds: float = 1.0, n: int = 1024, dtype: str = "float32",
+                device: str = "cpu") -> tuple[float, float]:
     """flop/s of `n x n` matrix products in `dtype` on `threads` threads, per second of wall
-    time and per second of this process's CPU time (the best of a few tries each)."""
+    time and per second of this process's CPU time (the best of a few tries each). On a GPU the
+    products are 4096 wide (1024 is far from its peak) and both figures are per second of wall
+    time: the host's CPU time measures only its waiting."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
+    gpu = device.startswith("cuda")
+    n = 4096 if gpu else n
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    a, b = (torch.randn(n, n, dtype=getattr(torch, dtype), device=device) for _ in range(2))
     a @ b
+    sync()
     wall = cpu = 0.0
     for _ in range(3):
         start, cpu_start, count = time.perf_counter(), time.process_time(), 0
         while time.perf_counter() - start < seconds / 3:
             a @ b
             count += 1
+            if gpu and count % 16 == 0:
+                sync()
+        sync()
         wall = max(wall, 2 * n**3 * count / (time.perf_counter() - start))
-        cpu = max(cpu, 2 * n**3 * count / max(time.process_time() - cpu_start, 1e-9))
+        cpu = wall if gpu else max(cpu, 2 * n**3 * count / max(time.process_time() - cpu_start, 1e-9))
     return wall, cpu
 
 
@@ -343,11 +353,12 @@ def child(args) -> None:
     device = chain.runtime.device
     dtype = "bfloat16" if args.child == "train-lm" and precision(chain.cfg.lm.train.autocast, device) == "bf16" \
         else "float32"
-    (rate, cpu_rate), disk = matmul_rate(args.threads, dtype=dtype), disk_rate(Path(args.out))
+    (rate, cpu_rate), disk = matmul_rate(args.threads, dtype=dtype, device=device), disk_rate(Path(args.out))
     # the SAE stream's model passes may run in bfloat16 while the SAEs train in float32: that part
     # of the stage's floor is held to the bfloat16 rate
     stream_low = args.child == "train-saes" and precision(chain.cfg.saes.sae.autocast, device) == "bf16"
-    low_rate, low_cpu_rate = matmul_rate(args.threads, dtype="bfloat16") if stream_low else (rate, cpu_rate)
+    low_rate, low_cpu_rate = matmul_rate(args.threads, dtype="bfloat16", device=device) if stream_low \
+        else (rate, cpu_rate)
     before = folder_bytes(Path(args.out))
     # the libraries' imports are no stage's work, wherever a code tree happens to import them
     import sae_lens  # noqa: F401
@@ -368,7 +379,8 @@ def child(args) -> None:
               "floor": low / low_rate + (flops - low) / rate + written / disk, "cpu_rate": cpu_rate,
               "cpu_floor": low / low_cpu_rate + (flops - low) / cpu_rate + written / disk,
               "profile": sampler.top(args.profile_lines), "load": os.getloadavg()[0], "dtype": dtype,
-              "bfloat16_flops": low, "bfloat16_cpu_rate": low_cpu_rate}
+              "bfloat16_flops": low, "bfloat16_cpu_rate": low_cpu_rate, "device": device,
+              "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"}
     if args.child == "explorer":
         result["quality"] = chain.quality()
     if m is not None:
@@ -446,10 +458,13 @@ def table(results: list[dict]) -> str:
 
 
 def projection(results: list[dict]) -> str:
-    """The paper preset's full run: on this machine's cores, each stage timed here at its CPU
-    ratio to its floor (the others at their floor), and on one H100 at its floor."""
+    """The paper preset's full run on this machine, each stage timed here at its ratio to its
+    floor (the others at their floor): on a CPU the ratio of CPU seconds, the rate that of all
+    cores; on a GPU the ratio of wall seconds at the GPU's measured rate. On a CPU, also one
+    H100 at its floor at an assumed rate."""
     paper = results[-1]["paper"]
-    cores = os.cpu_count() or 1
+    gpu = results[-1].get("device", "cpu").startswith("cuda")
+    cores = 1 if gpu else os.cpu_count() or 1
     rate = max(r["cpu_rate"] for r in results if r.get("dtype", "float32") == "float32") * cores
     # each stage at the rate of the precision it ran in (the LM's training may be bfloat16)
     rates = {stage: rate for stage in paper} | {r["stage"]: r["cpu_rate"] * cores for r in results
@@ -465,23 +480,28 @@ def projection(results: list[dict]) -> str:
         part = stream if stage in low else 0.0
         return (flops - part) / rates[stage] + (part / low[stage] if part else 0.0)
 
-    ratio = {r["stage"]: max(1.0, r["cpu"] / r["cpu_floor"]) for r in results if r["flops"]}
+    ratio = {r["stage"]: max(1.0, r["seconds"] / r["floor"] if gpu else r["cpu"] / r["cpu_floor"])
+             for r in results if r["flops"]}
     floor = sum(least(stage, flops) for stage, flops in paper.items())
     here = sum(least(stage, flops) * ratio.get(stage, 1.0) for stage, flops in paper.items())
     without_lm = here - least("train-lm", paper["train-lm"]) * ratio.get("train-lm", 1.0)
-    gpu = sum(paper.values()) / H100_RATE
     by_stage = ", ".join(f"{s} {paper[s] / 1e15:.2f}" for s in STAGES if paper[s])
     at = ", ".join(f"{s} {r:.1f}x" for s, r in ratio.items())
-    return (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, "
+    head = (f"projection, paper preset full run (6 layers, d_model 512, 12 SAEs of 2048 latents, k 30, "
             f"{PAPER_SAE_TOKENS / 1e6:.0f}M tokens per SAE, LM on {PAPER_LM_TOKENS / 1e6:.0f}M tokens; PFLOP by stage: "
-            f"{by_stage}):\n"
-            f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best float32 rate per CPU "
-            f"second{', the LM at its bfloat16 rate' if rates['train-lm'] != rate else ''}"
-            f"{', the SAE stream at its bfloat16 rate' if low else ''}): "
-            f"floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at their floor) "
-            f"{here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training the LM\n"
-            f"  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor {gpu / 60:.1f} min (a projection, "
-            "not measured)")
+            f"{by_stage}):\n")
+    precisions = (f"{', the LM at its bfloat16 rate' if rates['train-lm'] != rate else ''}"
+                  f"{', the SAE stream at its bfloat16 rate' if low else ''}")
+    if gpu:
+        return (head + f"  this GPU ({results[-1]['device_name']}) at {rate / 1e12:.0f} TFLOP/s (float32 products "
+                f"measured in this run{precisions}): floor {floor / 60:.1f} min; at this run's wall-time ratios ({at}; "
+                f"other stages at their floor) {here / 3600:.1f} h, {without_lm / 3600:.1f} h without training the LM "
+                "(a projection from measured rates and ratios)")
+    return (head + f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best float32 rate per "
+            f"CPU second{precisions}): floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at "
+            f"their floor) {here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training "
+            f"the LM\n  one H100 at an assumed {H100_RATE / 1e12:.0f} TFLOP/s: floor "
+            f"{sum(paper.values()) / H100_RATE / 60:.1f} min (a projection, not measured)")
 
 
 def main() -> None:

@@ -27,3 +27,23 @@ def test_from_a_run_refuses_to_time_the_stages_it_copies(tmp_path, monkeypatch):
         bench.main()
     assert "--from" in str(stop.value) and "corpus, train-lm" in str(stop.value)
     assert not (tmp_path / "out").exists()
+
+
+def _result(stage: str, seconds: float, floor: float, device: str, paper=None) -> dict:
+    return {"stage": stage, "seconds": seconds, "floor": floor, "cpu": 4 * seconds, "cpu_floor": floor,
+            "flops": 1e12, "cpu_rate": 1e14, "dtype": "float32", "device": device, "device_name": "Some GPU",
+            "paper": paper, "paper_stream": 0.0}
+
+
+def test_projection_on_a_gpu_uses_its_measured_rate_and_wall_ratios():
+    """On a GPU the host's CPU seconds measure only its waiting: the paper run is projected at the
+    GPU's own rate and each stage's ratio of wall seconds to its floor, not CPU seconds times cores."""
+    paper = {stage: 0.0 for stage in bench.STAGES} | {"train-saes": 6e17, "circuits": 6e16}
+    results = [_result("train-saes", 30.0, 10.0, "cuda"), _result("circuits", 20.0, 10.0, "cuda", paper)]
+    text = bench.projection(results)
+    # floors: 6000 s and 600 s at 100 TFLOP/s; at wall ratios 3x and 2x: 18000 + 1200 s = 5.3 h
+    assert "this GPU (Some GPU) at 100 TFLOP/s" in text
+    assert "floor 110.0 min" in text and " 5.3 h" in text and "train-saes 3.0x, circuits 2.0x" in text
+    assert "assumed" not in text
+    on_cpu = bench.projection([_result("train-saes", 30.0, 10.0, "cpu"), _result("circuits", 20.0, 10.0, "cpu", paper)])
+    assert "cores" in on_cpu and "train-saes 12.0x" in on_cpu and "assumed" in on_cpu
