@@ -29,7 +29,9 @@ once per tree, alternately, each tree in its own run directory, so that the tree
 same load; a table per tree and a comparison follow. The last line reads
 `worst stage: NAME at R x its floor; total T s` for the last tree. Then the paper preset's
 full run is projected from the floors, on this machine (at the measured rate, each stage at
-the ratio measured here) and on one H100 (floors at a stated rate).
+the ratio measured here) and on one H100 (floors at a stated rate). On a GPU (`--device` is
+the code's own `auto`: CUDA where torch sees one) the rates are the GPU's, measured on
+4096-wide products, and the ratios those of wall time.
 """
 
 from __future__ import annotations
@@ -460,8 +462,9 @@ def table(results: list[dict]) -> str:
 def projection(results: list[dict]) -> str:
     """The paper preset's full run on this machine, each stage timed here at its ratio to its
     floor (the others at their floor): on a CPU the ratio of CPU seconds, the rate that of all
-    cores; on a GPU the ratio of wall seconds at the GPU's measured rate. On a CPU, also one
-    H100 at its floor at an assumed rate."""
+    cores; on a GPU the ratio of wall seconds at the GPU's measured rate, an upper bound there
+    (a GPU runs the demo's small products far from its rate, the paper's nearer it). On a CPU,
+    also one H100 at its floor at an assumed rate."""
     paper = results[-1]["paper"]
     gpu = results[-1].get("device", "cpu").startswith("cuda")
     cores = 1 if gpu else os.cpu_count() or 1
@@ -495,8 +498,9 @@ def projection(results: list[dict]) -> str:
     if gpu:
         return (head + f"  this GPU ({results[-1]['device_name']}) at {rate / 1e12:.0f} TFLOP/s (float32 products "
                 f"measured in this run{precisions}): floor {floor / 60:.1f} min; at this run's wall-time ratios ({at}; "
-                f"other stages at their floor) {here / 3600:.1f} h, {without_lm / 3600:.1f} h without training the LM "
-                "(a projection from measured rates and ratios)")
+                f"other stages at their floor) at most {here / 3600:.1f} h, {without_lm / 3600:.1f} h without training the "
+                "LM: an upper bound, since the demo's products are too small to fill a GPU and the paper's run nearer "
+                "their floor (a projection from measured rates and ratios; README, 'Measured on a GPU')")
     return (head + f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best float32 rate per "
             f"CPU second{precisions}): floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at "
             f"their floor) {here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training "

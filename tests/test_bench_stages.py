@@ -43,7 +43,7 @@ def test_projection_on_a_gpu_uses_its_measured_rate_and_wall_ratios():
     text = bench.projection(results)
     # floors: 6000 s and 600 s at 100 TFLOP/s; at wall ratios 3x and 2x: 18000 + 1200 s = 5.3 h
     assert "this GPU (Some GPU) at 100 TFLOP/s" in text
-    assert "floor 110.0 min" in text and " 5.3 h" in text and "train-saes 3.0x, circuits 2.0x" in text
+    assert "floor 110.0 min" in text and "at most 5.3 h" in text and "train-saes 3.0x, circuits 2.0x" in text
     assert "assumed" not in text
     on_cpu = bench.projection([_result("train-saes", 30.0, 10.0, "cpu"), _result("circuits", 20.0, 10.0, "cpu", paper)])
     assert "cores" in on_cpu and "train-saes 12.0x" in on_cpu and "assumed" in on_cpu
