@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from circuits.bilinear import interaction_matrices
-from circuits.gates.interventions import (Entries, LayerIntervention, Sides, _unique_rows, bit_words, candidate_tokens,
-                                          intervention_table, latent_lookup, member_effects,
+from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, _unique_rows, bit_words,
+                                          candidate_tokens, intervention_table, latent_lookup, member_effects,
                                           side_removal)
 from circuits.gates.ranking import circuit_ranks, is_split
 from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, gate_types, keep_errors,
@@ -255,6 +255,33 @@ def test_member_effects_find_the_members_that_matter():
     effect = member_effects(layer, source, z, sides, entries, "a")
     assert effect.shape == (1, 3)
     assert abs(float(effect[0, 0])) > 1e-3 and abs(float(effect[0, 1])) < 1e-9 and float(effect[0, 2]) == 0.0
+
+
+def test_member_effects_read_the_intervention_tables_activations_at_each_entry():
+    """The pruning reads the clean and side-removed activations that the gates' intervention
+    table computed at each entry rather than computing them again: they must be those
+    evaluations, and give the member effects computed from scratch."""
+    mlp, W_dec, sae_out, randn = world(6, k=4)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    g = torch.Generator().manual_seed(6)
+    z = (torch.rand(40, N_IN, generator=g, dtype=F64) < 0.5) * torch.rand(40, N_IN, generator=g, dtype=F64)
+    source = z @ W_dec + randn(40, D) / 10
+    sides = Sides.of_groups([1, 3, 3], [[0, 1, 2], [4, 5], [6]], [[7, 8], [9, 10, 11], [12, 13]])
+    entries = Entries(cand=torch.arange(3).repeat(40), token=torch.arange(40).repeat_interleave(3))
+    table = intervention_table(layer, source, z, sides, entries, chunk=32, per_entry=True)
+    act = table["entry_act"]
+    assert act.shape == (120, 4)
+    a, b = sides.a[entries.cand], sides.b[entries.cand]
+    for column, members in enumerate([torch.full_like(a[:, :1], -1), a, b, torch.cat([a, b], 1)]):
+        want = layer.evaluate(source, entries.token, sides.out[entries.cand],
+                              *side_removal(latent_lookup(z)(entries.token, members), members))[1]
+        torch.testing.assert_close(act[:, column], want)
+        mean = torch.zeros(3, dtype=F64).index_add_(0, entries.cand, want) / 40
+        torch.testing.assert_close(table[f"act_{REMOVALS[column]}"], mean)
+    for side in ("a", "b"):
+        read = member_effects(layer, source, z, sides, entries, side, chunk=32, entry_act=act)
+        torch.testing.assert_close(read, member_effects(layer, source, z, sides, entries, side, chunk=32))
+        assert (read.abs() > 1e-3).any()
 
 
 LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1)

@@ -289,11 +289,13 @@ def side_removal(coef: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tenso
 
 
 def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.Tensor, sides: Sides,
-                       entries: Entries, chunk: int = 4096) -> dict[str, torch.Tensor]:
+                       entries: Entries, chunk: int = 4096, per_entry: bool = False) -> dict[str, torch.Tensor]:
     """Per candidate `[C]`: `n_tokens` and the means of f's pre-activation and activation over
     its entries with nothing, A, B and both removed (`pre_none`, `act_a`, ... `REMOVALS`), and
     `act_second [C, 4, 4]`, the mean products of the four activations (in `REMOVALS` order;
-    what the keeps' standard errors need, `circuits.gates.types.keep_errors`).
+    what the keeps' standard errors need, `circuits.gates.types.keep_errors`); with
+    `per_entry`, also `entry_act [E, 4]`, the four activations at each entry, in the
+    layer's precision (what `member_effects` would compute again).
     `source [T, d]`, `z [T, n_in]` (dense or sparse COO): the token cache the entries index."""
     C = len(sides)
     device = source.device
@@ -304,6 +306,7 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
     # pairs (one latent a side, no padding): both sides' removal derived, not evaluated
     pairs = sides.a.shape[1] == sides.b.shape[1] == 1 and bool((sides.a >= 0).all() and (sides.b >= 0).all())
     cross = layer.pair_cross(sides.a[:, 0], sides.b[:, 0]) if pairs else None
+    each = []
     for start in range(0, len(entries.cand), chunk):
         cand, token = entries.cand[start : start + chunk], entries.token[start : start + chunk]
         out = sides.out[cand]
@@ -329,23 +332,32 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
                 single[r] = tuple(full)
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
-            acts.append(act.double())
+            acts.append(act)
         acts = torch.stack(acts, 1)
+        if per_entry:
+            each.append(acts)
+        acts = acts.double()
         second.index_add_(0, cand, (acts[:, :, None] * acts[:, None, :]).flatten(1))
     n = torch.bincount(entries.cand, minlength=C).double()
     per = torch.where(n > 0, 1 / n.clamp_min(1), torch.full_like(n, float("nan")))  # no tokens: NaN means
-    return {"n_tokens": n, **{k: v * per for k, v in sums.items()},
-            "act_second": (second * per[:, None]).view(C, len(REMOVALS), len(REMOVALS))}
+    found = {"n_tokens": n, **{k: v * per for k, v in sums.items()},
+             "act_second": (second * per[:, None]).view(C, len(REMOVALS), len(REMOVALS))}
+    if per_entry:
+        found["entry_act"] = torch.cat(each) if each else source.new_zeros(0, len(REMOVALS))
+    return found
 
 
 def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tensor, sides: Sides, entries: Entries,
-                   side: str, chunk: int = 4096) -> torch.Tensor:
+                   side: str, chunk: int = 4096, entry_act: torch.Tensor | None = None) -> torch.Tensor:
     """`[C, M]`: per candidate and member slot of `side` ("a" or "b"), how much f's mean
     activation over the candidate's entries changes when that member leaves the side (the
     side's other members removed, it kept), as a share of f's mean activation there. A member
     never active on those tokens changes nothing (0). Evaluations are shared
     (`evaluate_shared`): the clean one once per token, a removal once per token for every
-    candidate whose side removes the same active latents there."""
+    candidate whose side removes the same active latents there. `entry_act [E, 4]`: the
+    `intervention_table(per_entry=True)` of the same sides and entries, whose clean and
+    side-removed activations are read rather than computed again (the same evaluations,
+    the same values)."""
     members = getattr(sides, side)
     C, M = members.shape
     change = torch.zeros(C * M, dtype=torch.float64, device=source.device)
@@ -359,10 +371,13 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
         unique, token = token.unique(return_inverse=True)  # the chunk's tokens, projected once
         rows = source[unique]
         projected = layer.project(rows)
-        nobody = cand.new_full((len(cand), 1), -1)
-        clean = layer.evaluate_shared(rows, coef.new_zeros(nobody.shape), token, out, nobody, projected)[1]
+        if entry_act is None:
+            nobody = cand.new_full((len(cand), 1), -1)
+            clean = layer.evaluate_shared(rows, coef.new_zeros(nobody.shape), token, out, nobody, projected)[1]
+            removed = layer.evaluate_shared(rows, coef, token, out, mine, projected)[1]
+        else:
+            clean, removed = entry_act[start : start + chunk, [0, REMOVALS.index(side)]].unbind(1)
         base.index_add_(0, cand, clean.double())
-        removed = layer.evaluate_shared(rows, coef, token, out, mine, projected)[1]
         # only a member active at the entry's token can change anything there
         entry, slot = (coef != 0).nonzero(as_tuple=True)
         for s in range(0, len(entry), chunk):

@@ -225,16 +225,17 @@ def typed(frame: pd.DataFrame, second: np.ndarray, cfg) -> dict[str, np.ndarray]
             "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg))}
 
 
-def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides, entries: Entries, cfg
-                      ) -> dict[str, list[list[int]]]:
+def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides, entries: Entries, cfg,
+                      entry_act: torch.Tensor | None = None) -> dict[str, list[list[int]]]:
     """Per group gate, the members of each side whose leaving changes the side's intervention
     result by at least `prune` of the output, on its `ranking_entries`; a side where no member
-    does so alone keeps every member (their effect is collective: none can be named)."""
+    does so alone keeps every member (their effect is collective: none can be named).
+    `entry_act`: the sides' `intervention_table(per_entry=True)` on those entries, if made."""
     found = side_lists(sides)
     for side in ("a", "b"):
-        effect = member_effects(layer, cache.source, cache.z, sides, entries, side).abs() >= cfg.prune
+        effect = member_effects(layer, cache.source, cache.z, sides, entries, side, entry_act=entry_act).abs()
         members = found[f"necessary_{side}"]
-        kept = [[m for m, keep in zip(row, mask) if keep] for row, mask in zip(members, effect.tolist())]
+        kept = [[m for m, keep in zip(row, mask) if keep] for row, mask in zip(members, (effect >= cfg.prune).tolist())]
         found[f"necessary_{side}"] = [k if k else row for k, row in zip(kept, members)]
     return found
 
@@ -252,44 +253,51 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
     label class is a class; the members that carry the gate where it works are its sides.
     Returns the pruned sides and their `intervention_table` on their `ranking_entries` (a
     candidate's sample depends on its own sides only, so the test that accepted a proposal
-    is that table's row, not computed again)."""
+    is that table's row, not computed again; so are the next round's entries, and the
+    activations at them that `member_effects` reads)."""
     entries = ranking_entries(cache, sides, cfg)
-    table = intervention_table(layer, cache.source, cache.z, sides, entries)
+    table = intervention_table(layer, cache.source, cache.z, sides, entries, per_entry=True)
+    entry_act = table.pop("entry_act")
     whole = _kept(table)
     lists = side_lists(sides)
     a, b = lists["necessary_a"], lists["necessary_b"]
     outputs = sides.out.tolist()  # read once: an element of a GPU tensor is a wait for the device
-    open_ = [True] * len(sides)
+    mine = list(range(len(sides)))  # the open gates; `entries` and `entry_act` are theirs, numbered in this order
     for _ in range(rounds):
-        mine = [i for i in range(len(sides)) if open_[i]]
-        found = necessary_members(layer, cache, *_subset(sides, entries, mine), cfg)
+        found = necessary_members(layer, cache, sides.subset(torch.tensor(mine, device=sides.out.device)), entries,
+                                  cfg, entry_act)
         proposed = [(i, na, nb) for i, na, nb in zip(mine, found["necessary_a"], found["necessary_b"])
                     if na != a[i] or nb != b[i]]
-        open_ = [False] * len(sides)
         if not proposed:
             break
         trial = Sides.of_groups([outputs[i] for i, _, _ in proposed], [na for _, na, _ in proposed],
                                 [nb for _, _, nb in proposed], sides.out.device)
-        tried = intervention_table(layer, cache.source, cache.z, trial, ranking_entries(cache, trial, cfg))
+        trial_entries = ranking_entries(cache, trial, cfg)
+        tried = intervention_table(layer, cache.source, cache.z, trial, trial_entries, per_entry=True)
+        trial_act = tried.pop("entry_act")
         same = ((_kept(tried) - whole[[i for i, _, _ in proposed]]).abs() <= cfg.prune).all(1)  # NaN never the same
-        for j, ((i, na, nb), ok) in enumerate(zip(proposed, same.tolist())):
-            if ok:
-                a[i], b[i], open_[i] = na, nb, True
-                for name, values in table.items():
-                    values[i] = tried[name][j]
+        taken = [j for j, ok in enumerate(same.tolist()) if ok]
+        for j in taken:
+            i, na, nb = proposed[j]
+            a[i], b[i] = na, nb
+            for name, values in table.items():
+                values[i] = tried[name][j]
         sides = Sides.of_groups(outputs, a, b, sides.out.device)
-        if not any(open_):
+        if not taken:
             break
-        entries = ranking_entries(cache, sides, cfg)
+        # the gates that took their proposal stay open, in the same order: the trial's entries are theirs
+        entries, keep = _renumbered(trial_entries, torch.tensor(taken, dtype=torch.long, device=sides.out.device),
+                                    len(trial))
+        entry_act, mine = trial_act[keep], [proposed[j][0] for j in taken]
     return sides, table
 
 
-def _subset(sides: Sides, entries: Entries, index: list[int]) -> tuple[Sides, Entries]:
-    """Candidates `index` of `sides` and their entries, renumbered in that order."""
-    at = torch.tensor(index, dtype=torch.long, device=sides.out.device)
-    position = _positions(at, len(sides))
+def _renumbered(entries: Entries, index: torch.Tensor, n: int) -> tuple[Entries, torch.Tensor]:
+    """The entries of candidates `index` (increasing) of `n`, numbered in that order, and
+    which of `entries` they are `[E]` (bool)."""
+    position = _positions(index, n)
     keep = position[entries.cand] >= 0
-    return sides.subset(at), Entries(position[entries.cand[keep]], entries.token[keep])
+    return Entries(position[entries.cand[keep]], entries.token[keep]), keep
 
 
 def _positions(index: torch.Tensor, n: int) -> torch.Tensor:
