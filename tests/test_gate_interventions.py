@@ -143,6 +143,24 @@ def test_encode_at_is_the_encoding_read_at_one_latent(k, relu):
         torch.testing.assert_close(got, sae_out.encode_at(pre[rows], latent))
 
 
+def test_encode_at_counts_wide_rows_a_block_of_entries_at_a_time():
+    """Rows of 4,096 latents in float64 are counted 64 entries at a time (2 MB): every block's
+    entries are read at their own rows."""
+    n = 4096
+    sae = SAEWeights(W_enc=torch.zeros(2, n, dtype=F64), b_enc=torch.zeros(n, dtype=F64),
+                     W_dec=torch.zeros(n, 2, dtype=F64), b_dec=torch.zeros(2, dtype=F64), k=8, relu=False)
+    g = torch.Generator().manual_seed(9)
+    pre = torch.randn(190, n, generator=g, dtype=F64)
+    rows = torch.randint(0, 190, (200,), generator=g)
+    latent = torch.randint(0, n, (200,), generator=g)
+    latent[::3] = pre[rows[::3]].argmax(-1)  # a third surely selected
+    want = (pre.topk(8, -1).values.min(-1).values[:, None] <= pre) * pre
+    got = sae.encode_at(pre, latent, rows)
+    torch.testing.assert_close(got, want[rows, latent])
+    assert (got[::3] != 0).all() and (got == 0).any()
+    torch.testing.assert_close(sae.encode_at(pre[rows], latent), got)
+
+
 @pytest.mark.parametrize("base, width", [(7, 3), (7, 40)])
 def test_unique_rows_groups_equal_rows_as_torch_unique_does(base, width):
     g = torch.Generator().manual_seed(5)
