@@ -302,6 +302,28 @@ def test_member_effects_read_the_intervention_tables_activations_at_each_entry()
         assert (read.abs() > 1e-3).any()
 
 
+def test_a_wide_side_with_few_active_members_removes_just_those():
+    """Rows of a side padded to many slots, few of its members active: the shared evaluation
+    reads each row by its active members alone, and must still remove exactly them."""
+    mlp, W_dec, sae_out, randn = world(8, k=4)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    g = torch.Generator().manual_seed(8)
+    z = torch.zeros(30, N_IN, dtype=F64)
+    for token in range(30):  # one to three of side a's twelve members on, side b's member always
+        z[token, torch.randperm(12, generator=g)[: 1 + token % 3]] = torch.rand(1 + token % 3, generator=g, dtype=F64)
+    z[:, 12] = 0.5
+    source = z @ W_dec + randn(30, D) / 10
+    sides = Sides.of_groups([2, 5], [list(range(12)), [3]], [[12], [12, 13]])
+    entries = Entries(cand=torch.arange(2).repeat(30), token=torch.arange(30).repeat_interleave(2))
+    act = intervention_table(layer, source, z, sides, entries, per_entry=True)["entry_act"]
+    a, b = sides.a[entries.cand], sides.b[entries.cand]
+    for column, members in ((1, a), (2, b), (3, torch.cat([a, b], 1))):
+        want = layer.evaluate(source, entries.token, sides.out[entries.cand],
+                              *side_removal(latent_lookup(z)(entries.token, members), members))[1]
+        torch.testing.assert_close(act[:, column], want)
+    assert (act[:, 1] != act[:, 0]).any()
+
+
 LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1)
 
 

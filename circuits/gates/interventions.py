@@ -175,6 +175,10 @@ class LayerIntervention:
         active = torch.where(coef != 0, members, torch.full_like(members, -1)).sort(1)
         coef = coef.gather(1, active.indices)
         active = active.values
+        # the sort puts padding first: a column of padding in every row says nothing, and without those
+        # a group gate's rows (53 slots in the demo, a few active) are read as one number each below
+        width = int((active >= 0).sum(1).max()) if active.numel() else 0
+        active, coef = active[:, active.shape[1] - width :], coef[:, coef.shape[1] - width :]
         inverse = _unique_rows(torch.cat([token[:, None], active + 1], 1), int(active.max()) + 2 if active.numel() else 2)
         first = _first_of(inverse)
         pre, scale = self.evaluate(source, token[first], None, *side_removal(coef[first], active[first]),
