@@ -401,15 +401,21 @@ def _first_of(inverse: torch.Tensor) -> torch.Tensor:
 def _unique_rows(rows: torch.Tensor, base: int) -> torch.Tensor:
     """The index of each row of `rows [N, W]` (non-negative, columns after the first below
     `base`) among the distinct rows, as `torch.unique(dim=0)`'s `inverse`: rows read as
-    numbers in base `base` where they fit in 63 bits (a 1-d unique is much cheaper than
-    sorting rows), compared whole otherwise."""
-    width = rows.shape[1] - 1
-    if len(rows) and math.log2(int(rows[:, 0].max()) + 1) + width * math.log2(base) < 62:
-        key = rows[:, 0].clone()
-        for column in range(1, width + 1):
-            key = key * base + rows[:, column]
-        return key.unique(return_inverse=True)[1]
-    return torch.unique(rows, dim=0, return_inverse=True)[1]
+    numbers in base `base`, a column at a time; where the next column would not fit in 63
+    bits, the columns read so far are first replaced by their rank among their distinct
+    values (order kept). Sorting numbers is much cheaper than sorting rows: the group gates'
+    rows of ten latents and more went through `torch.unique(dim=0)` before."""
+    if not len(rows):
+        return torch.zeros(0, dtype=torch.long, device=rows.device)
+    key = rows[:, 0].clone()
+    bound = int(key.max()) + 1  # every key is below it
+    for column in range(1, rows.shape[1]):
+        if math.log2(bound) + math.log2(base) >= 62:
+            key = key.unique(return_inverse=True)[1]
+            bound = int(key.max()) + 1
+        key = key * base + rows[:, column]
+        bound *= base
+    return key.unique(return_inverse=True)[1]
 
 
 def latent_lookup(z: torch.Tensor):
