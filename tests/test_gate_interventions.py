@@ -323,6 +323,21 @@ def test_a_wide_side_with_few_active_members_removes_just_those():
     assert (act[:, 1] != act[:, 0]).any()
 
 
+def test_latent_lookup_reads_a_sparse_cache_as_the_dense_one():
+    """Latents of padded sides looked up in a sparse COO cache: a member's latent at its row's
+    token, zero where it is off, zero for padding (-1), as the dense table gives."""
+    g = torch.Generator().manual_seed(3)
+    z = (torch.rand(40, N_IN, generator=g) < 0.2) * torch.rand(40, N_IN, generator=g)
+    token = torch.randint(0, 40, (60,), generator=g)
+    members = torch.randint(0, N_IN, (60, 5), generator=g)
+    members[:, 3:] = -1
+    members[::4, :] = -1  # rows of padding only
+    want = latent_lookup(z)(token, members)
+    assert (want != 0).any() and (want[:, 3:] == 0).all()
+    assert torch.equal(latent_lookup(z.to_sparse())(token, members), want)
+    assert torch.equal(latent_lookup(torch.zeros(40, N_IN).to_sparse())(token, members), torch.zeros(60, 5))
+
+
 LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1)
 
 

@@ -429,10 +429,14 @@ def latent_lookup(z: torch.Tensor):
     keys, values = z.indices()[0] * n_in + z.indices()[1], z.values()
 
     def at(token: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
-        if not len(keys):
-            return values.new_zeros(members.shape)
-        want = token[:, None] * n_in + members.clamp_min(0)
+        found = values.new_zeros(members.shape)
+        real = members >= 0
+        if not len(keys) or not real.any():
+            return found
+        # only the members searched: a group gate's sides are padded to the widest one's
+        want = (token[:, None] * n_in + members)[real]
         i = torch.searchsorted(keys, want).clamp_max(len(keys) - 1)
-        return torch.where((keys[i] == want) & (members >= 0), values[i], values.new_zeros(()))
+        found[real] = torch.where(keys[i] == want, values[i], values.new_zeros(()))
+        return found
 
     return at
