@@ -143,6 +143,22 @@ def test_encode_at_is_the_encoding_read_at_one_latent(k, relu):
         torch.testing.assert_close(got, sae_out.encode_at(pre[rows], latent))
 
 
+@pytest.mark.parametrize("k, relu", [(4, True), (4, False), (8, True), (None, True), (N_OUT, False)])
+def test_encode_sparse_is_the_encoding_as_a_sparse_tensor(k, relu):
+    """The token cache's sparse encoding: the same activations as `encode`, coalesced, its
+    zeros left out (a kept latent that ReLU zeroes included), ties at the k-th as `encode`."""
+    _, _, sae, randn = world(5, k=k, relu=relu)
+    a = randn(60, D)
+    a[1] = a[0]  # two equal rows
+    sae.W_enc[:, 3] = sae.W_enc[:, 2]  # two equal latents: ties at every row
+    sae.b_enc -= sae.pre(a).median()  # half the pre-activations negative: kept ones among them
+    sae.b_enc[3] = sae.b_enc[2]
+    got, want = sae.encode_sparse(a), sae.encode(a)
+    assert got.is_coalesced() and torch.equal(got.to_dense(), want)
+    assert torch.equal(got.indices(), want.to_sparse().indices())
+    assert bool((want < 0).any()) != relu
+
+
 def test_encode_at_counts_wide_rows_a_block_of_entries_at_a_time():
     """Rows of 4,096 latents in float64 are counted 64 entries at a time (2 MB): every block's
     entries are read at their own rows."""
