@@ -125,6 +125,10 @@ def _measure(model, cache: LayerCache, saes: LayerSAEs, row, position, cand, out
 
     layer, stop = cache.layer, model.cfg.n_layers
     rows = row.unique()
+    # rows in order of their last entry: a batch's clean pass runs to its longest row's, so rows of
+    # like length go together (in the demo about a third fewer positions run than in row order)
+    last = torch.zeros(int(rows.max()) + 1, dtype=torch.long, device=device).scatter_reduce(0, row, position, "amax")
+    rows = rows[torch.argsort(last[rows], stable=True)]
     local = torch.full((int(rows.max()) + 1,), -1, dtype=torch.long, device=device)
     for start in range(0, len(rows), batch_rows):
         chunk = rows[start : start + batch_rows]
