@@ -264,8 +264,8 @@ def pruned_groups(layer: LayerIntervention, cache: LayerCache, sides: Sides, cfg
     outputs = sides.out.tolist()  # read once: an element of a GPU tensor is a wait for the device
     mine = list(range(len(sides)))  # the open gates; `entries` and `entry_act` are theirs, numbered in this order
     for _ in range(rounds):
-        found = necessary_members(layer, cache, sides.subset(torch.tensor(mine, device=sides.out.device)), entries,
-                                  cfg, entry_act)
+        open_sides = sides.subset(torch.tensor(mine, dtype=torch.long, device=sides.out.device))
+        found = necessary_members(layer, cache, open_sides, entries, cfg, entry_act)
         proposed = [(i, na, nb) for i, na, nb in zip(mine, found["necessary_a"], found["necessary_b"])
                     if na != a[i] or nb != b[i]]
         if not proposed:
