@@ -360,8 +360,8 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
     (`evaluate_shared`): the clean one once per token, a removal once per token for every
     candidate whose side removes the same active latents there. `entry_act [E, 4]`: the
     `intervention_table(per_entry=True)` of the same sides and entries, whose clean and
-    side-removed activations are read rather than computed again (the same evaluations,
-    the same values)."""
+    side-removed activations are read rather than computed again (the same evaluations;
+    where the table batched them with other rows, equal up to that batch's rounding)."""
     members = getattr(sides, side)
     C, M = members.shape
     change = torch.zeros(C * M, dtype=torch.float64, device=source.device)
@@ -431,7 +431,7 @@ def latent_lookup(z: torch.Tensor):
     def at(token: torch.Tensor, members: torch.Tensor) -> torch.Tensor:
         found = values.new_zeros(members.shape)
         real = members >= 0
-        if not len(keys) or not real.any():
+        if not len(keys):
             return found
         # only the members searched: a group gate's sides are padded to the widest one's
         want = (token[:, None] * n_in + members)[real]
