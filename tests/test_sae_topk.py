@@ -308,7 +308,7 @@ def test_top_k_indices_finds_each_rows_k_largest(rows, n, k):
     crowded[:, :k] = 100 + torch.arange(k, dtype=x.dtype)
     assert torch.equal(top_k_indices(crowded, k).sort(1).values, torch.arange(k).expand(rows, k))
     tied = torch.randint(0, 3, (rows, n), generator=generator).double()
-    tied[: rows // 2] += torch.randn(rows - rows // 2, n, generator=generator, dtype=x.dtype)  # half the rows untied
+    tied[: rows // 2] += torch.randn(rows // 2, n, generator=generator, dtype=x.dtype)  # half the rows untied
     found = top_k_indices(tied, k).sort(1).values
     assert torch.equal(found, tied.topk(k, dim=1, sorted=False).indices.sort(1).values)
 
