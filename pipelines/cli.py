@@ -416,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipelines.runtime import collect_cycles_rarely
+
+    collect_cycles_rarely()
     _offline()
     try:
         args = build_parser().parse_args(argv)

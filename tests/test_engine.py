@@ -460,6 +460,31 @@ def test_glibc_keeps_freed_memory_for_the_next_allocations(monkeypatch):
     assert asked == [True]
 
 
+def test_the_command_line_collects_cycles_rarely_and_not_at_exit(monkeypatch):
+    """`main` raises the cycle collector's thresholds, and a process that called
+    `collect_cycles_rarely` skips the interpreter's last collection: a cycle left for it is
+    finalized at exit without the call and not with it."""
+    import gc
+
+    from pipelines import cli
+
+    script = ("import gc, sys\nfrom pipelines.runtime import collect_cycles_rarely\ngc.disable()\n{call}"
+              "class Cycle:\n    def __del__(self): sys.stdout.write('finalized')\n"
+              "c = Cycle(); c.me = c; del c\n")
+    root = str(Path(__file__).resolve().parents[1])
+    for call, printed in (("", "finalized"), ("collect_cycles_rarely()\n", "")):
+        done = subprocess.run([sys.executable, "-c", script.format(call=call)], cwd=root,
+                              capture_output=True, text=True, check=True)
+        assert done.stdout == printed
+    before = gc.get_threshold()
+    monkeypatch.setattr(cli, "_run", lambda args: 0)
+    try:
+        assert cli.main(["report", "--out", "nowhere"]) == 0
+        assert gc.get_threshold()[0] >= 50 * before[0]
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_one_thread_workers_run_on_one_thread_and_leave_the_callers_count():
     """Workers run on one intra-op thread; the caller keeps its count inside the pool and
     after it, and a thread started after the pool gets the caller's count, not the workers'."""
