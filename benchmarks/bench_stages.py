@@ -340,12 +340,12 @@ def child(args) -> None:
     """Run one stage on this process's code and print its figures as one JSON line."""
     import torch
 
-    try:  # the allocator as the code's own command line sets it (trees before 2026-11-25 have no such call)
-        from pipelines.runtime import reuse_freed_memory
-    except ImportError:
-        pass
-    else:
-        reuse_freed_memory()
+    from pipelines import runtime
+
+    # the allocator and the cycle collector as the code's own command line sets them (trees
+    # before 2026-11-25 have neither call, before 2026-11-26 not the collector's)
+    for setting in ("reuse_freed_memory", "collect_cycles_rarely"):
+        getattr(runtime, setting, lambda: None)()
     torch.set_num_threads(args.threads)
     chain = Chain(Path(args.out), args.quick, args.seed, args.threads)
     call = chain.upto(args.child)
