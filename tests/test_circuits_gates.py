@@ -391,6 +391,32 @@ def test_gate_stats_updates_in_any_split_agree_with_one_update():
             assert np.all(np.abs(got - expected["cell_quantile"]) <= width[f].item() * (1 + 1e-9)), (f, slot)
 
 
+def test_a_float32_batch_taken_a_few_tokens_at_a_time_sums_as_one_batch():
+    """`GateStats.update` reduces a batch in its own precision, a chunk of tokens at a time:
+    the chunk size must not change one bit of what it adds (float32 sums are order-sensitive,
+    so this checks the chunks add in the order one pass would)."""
+    gen = torch.Generator().manual_seed(3)
+    T, n_in, n_out = 300, 9, 5
+    z = (torch.rand(T, n_in, generator=gen) * (torch.rand(T, n_in, generator=gen) < 0.4)).float()
+    acts = (torch.randn(T, n_out, generator=gen) * (torch.rand(T, n_out, generator=gen) < 0.5)).float()
+    scale = (torch.rand(T, generator=gen) + 0.5).float()
+    a = torch.randint(0, n_in, (n_out, 4), generator=gen)
+    candidates = Candidates(in_a=a, in_b=(a + 1 + torch.randint(0, n_in - 1, a.shape, generator=gen)) % n_in,
+                            valid=torch.rand(n_out, 4, generator=gen) < 0.8)
+    cross = torch.randn(n_out, 4, generator=gen, dtype=F64)
+
+    def state(token_chunk):
+        s = GateStats(candidates, cross, acts.amax(0).double(), acts.amin(0).double(), n_in, n_bins=8)
+        s.update(z, scale, acts, token_chunk=token_chunk)
+        return s
+
+    whole = state(T)
+    for token_chunk in (1, 7, 64):
+        chunked = state(token_chunk)
+        for name in ("histogram", "cell_sum", "contribution", "active", "act_sum", "input_count", "co_count"):
+            assert torch.equal(getattr(chunked, name), getattr(whole, name)), (token_chunk, name)
+
+
 @pytest.mark.parametrize("active", [3, 40])  # k^2 <= n_in: pairs of active inputs; else the dense product
 def test_co_occurrence_counts_equal_the_dense_product(active):
     gen = torch.Generator().manual_seed(active)

@@ -146,7 +146,7 @@ class GateStats:
         self.cell_start = cells.to(_index_dtype(n_out * width * 4 * n_bins))
 
     @torch.no_grad()
-    def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor) -> None:
+    def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor, token_chunk: int = 2048) -> None:
         """Add tokens: input latents `z [t, n_in]`, per-token factor `scale [t]`, output
         activations `acts [t, n_out]`.
 
@@ -154,34 +154,45 @@ class GateStats:
         counts) and added to float64 totals. The `[pairs, G]` gathers and index arithmetic
         dominate the cost: they read a copy of z with a zero column that padded candidates
         point to, instead of being masked afterwards, and index in int32 where the sizes
-        allow (half the memory traffic of int64; the counts are the same).
+        allow (half the memory traffic of int64; the counts are the same). They take
+        `token_chunk` tokens at a time, so that each `[pairs, G]` table stays below glibc's
+        32 MB mapping threshold: the demo's 12,001-token batches made tables of 37 MB, each
+        mapped and faulted in afresh (layer 0 on one thread: 460 -> 300 ms a batch).
         """
         dtype = torch.float64 if z.dtype == torch.float64 else torch.float32
         z, scale, acts = z.to(dtype), scale.to(dtype), acts.to(dtype)
-        n_tokens = len(z)
         n_out, width = self.cross.shape
-        self.n_tokens += n_tokens
+        self.n_tokens += len(z)
         inputs, co = co_occurrence(z)
         self.input_count += inputs.double()
         self.co_count += co.double()
+        batch = dict(dtype=dtype, device=z.device)
+        sums = torch.zeros(n_out, width, **batch), torch.zeros(n_out * width * 4, **batch), self.cross.to(dtype)
+        for start in range(0, len(z), token_chunk):
+            chunk = slice(start, start + token_chunk)
+            self._add_active(z[chunk], scale[chunk], acts[chunk], *sums)
+        self.contribution += sums[0].double()
+        self.cell_sum.view(-1).add_(sums[1].double())
+
+    def _add_active(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor, contribution: torch.Tensor,
+                    cell_sum: torch.Tensor, cross: torch.Tensor) -> None:
+        """Add the tokens' (token, f) entries where f is active: to the totals, and to the
+        batch's sums in its precision, `contribution [n_out, G]` and `cell_sum [n_out * G * 4]`
+        (`cross`: the cross coefficients in that precision)."""
         token, f = (acts != 0).nonzero(as_tuple=True)
         if token.numel() == 0:
             return
         act = acts[token, f]
-        self.active += torch.bincount(f, minlength=n_out).double()
+        self.active += torch.bincount(f, minlength=len(self.active)).double()
         self.act_sum.index_add_(0, f, act.double())
         za, zb = gather_padded(z, token, self.a_index[f], self.b_index[f])  # [p, G]
         # [p, G] products and codes in place: each pass over them costs as much as the arithmetic
-        contribution = self.cross.to(dtype)[f].mul_(za).mul_(zb).mul_(scale[token, None])
-        batch = dict(dtype=dtype, device=z.device)
-        self.contribution += torch.zeros(n_out, width, **batch).index_add_(0, f, contribution).double()
+        contribution.index_add_(0, f, cross[f].mul_(za).mul_(zb).mul_(scale[token, None]))
         flat = self.cell_start[f].add_(za == 0, alpha=2).add_(zb == 0)
-        size = n_out * width * 4
-        self.cell_sum.view(-1).add_(torch.zeros(size, **batch).index_add_(
-            0, flat.reshape(-1), act[:, None].expand(-1, width).reshape(-1)).double())
+        cell_sum.index_add_(0, flat.reshape(-1), act[:, None].expand_as(flat).reshape(-1))
         bins = ((act.double() - self.low[f]) / self.width[f]).long().clamp(0, self.n_bins - 1)  # [p]
-        self.histogram += torch.bincount(flat.mul_(self.n_bins).add_(bins.to(flat.dtype)[:, None]).reshape(-1),
-                                         minlength=size * self.n_bins)
+        key = flat.mul_(self.n_bins).add_(bins.to(flat.dtype)[:, None]).reshape(-1)
+        self.histogram.index_add_(0, key, torch.ones_like(key, dtype=self.histogram.dtype))
 
     @property
     def cell_active(self) -> torch.Tensor:
