@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from circuits.gates.pairs import and_from_cells, cell_means, gate_score, gather_padded
+from circuits.gates.pairs import index_dtype, and_from_cells, cell_means, gate_score, gather_padded
 
 MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
 
@@ -119,15 +119,17 @@ class ReadSetStats:
         """Add tokens: input latents `z [t, n_in]`, per-token factor `scale [t]`, output
         activations `acts [t, n_out]`."""
         S = self.members.shape[0]
-        base = torch.arange(S, device=z.device) * 2 ** self.M
+        base = (torch.arange(S, device=z.device) * 2 ** self.M).to(index_dtype(S * 2 ** self.M))
         size = S * 2 ** self.M
+        one = torch.ones(1, dtype=self.count.dtype, device=z.device)
         n_sets = torch.bincount(self.outputs, minlength=acts.shape[1])  # [n_out]
         first_set = n_sets.cumsum(0) - n_sets
         for start in range(0, z.shape[0], self.token_chunk):
             zc, ac = z[start : start + self.token_chunk], acts[start : start + self.token_chunk]
             on = (zc != 0).float().to_sparse()
-            codes = torch.sparse.mm(on, self.powers).long().add_(base)  # [t, S]; sums of powers of 2: exact
-            self.count.view(-1).add_(torch.bincount(codes.view(-1), minlength=size).double())
+            codes = torch.sparse.mm(on, self.powers).to(base.dtype).add_(base)  # [t, S]; sums of powers of 2: exact
+            # counted in place: a third of the time of `bincount` with its new histogram to add
+            self.count.view(-1).index_add_(0, codes.view(-1), one.expand(codes.numel()))
             token, f = ac.nonzero(as_tuple=True)  # only where f is active do the sums change
             if not token.numel():
                 continue
@@ -136,7 +138,7 @@ class ReadSetStats:
             token = token.repeat_interleave(n)
             s = self.by_output[(first_set[f] - n.cumsum(0) + n).repeat_interleave(n)
                                + torch.arange(len(token), device=z.device)]
-            at = codes.view(-1).index_select(0, token * S + s)
+            at = codes.view(-1).index_select(0, token * S + s).long()
             self.sum.view(-1).add_(torch.bincount(at, weights=act, minlength=size))
             self.active.view(-1).add_(torch.bincount(at, minlength=size).double())
             v = gather_padded(zc, token, self.members[s])[0].double()  # [p, M]

@@ -143,7 +143,7 @@ class GateStats:
         self.histogram = torch.zeros(n_out * width * 4 * n_bins, dtype=torch.long, device=device)
         # where each candidate's four cells start in `cell_sum` and in `histogram`, `[n_out, G]`
         cells = (torch.arange(n_out, device=device)[:, None] * width + torch.arange(width, device=device)) * 4
-        self.cell_start = cells.to(_index_dtype(n_out * width * 4 * n_bins))
+        self.cell_start = cells.to(index_dtype(n_out * width * 4 * n_bins))
 
     @torch.no_grad()
     def update(self, z: torch.Tensor, scale: torch.Tensor, acts: torch.Tensor, token_chunk: int = 2048) -> None:
@@ -281,11 +281,11 @@ def gather_padded(z: torch.Tensor, token: torch.Tensor, *columns: torch.Tensor) 
     (not z converted whole); indices in int32 where the sizes allow (half the traffic)."""
     n_tokens, n_in = z.shape
     padded = torch.cat([z, z.new_zeros(n_tokens, 1)], 1).reshape(-1)
-    row = (token * (n_in + 1)).to(_index_dtype(padded.numel()))[:, None]
+    row = (token * (n_in + 1)).to(index_dtype(padded.numel()))[:, None]
     return tuple(padded.index_select(0, (row + c.to(row.dtype)).reshape(-1)).view(c.shape) for c in columns)
 
 
-def _index_dtype(size: int) -> torch.dtype:
+def index_dtype(size: int) -> torch.dtype:
     """int32 for indices into `size` elements where it holds them, else int64."""
     return torch.int32 if size < 2**31 else torch.int64
 
