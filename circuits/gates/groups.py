@@ -96,7 +96,7 @@ class ReadSetStats:
             raise ValueError(f"reading sets of {M} members: at most {MAX_MEMBERS}")
         self.outputs, self.cross, self.M, self.n_in = outputs, cross.double(), M, n_in
         self.members = torch.where(members >= 0, members, n_in)  # padding reads a zero column
-        self.i, self.j = pair_slots(M)
+        self.i, self.j = (slots.to(members.device) for slots in pair_slots(M))
         self.token_chunk = token_chunk
         # a set's code is the sum of 2^slot over its members that are on: a sparse product of the tokens'
         # on/off table with this [n_in, S] table of powers (exact in float32: codes are below 2^24)
