@@ -76,12 +76,14 @@ def test_group_stats_match_their_definitions():
         membership[members, g] = True
     gates = [(0, 0, 1), (3, 0, 1), (1, 2, 3), (4, 1, 3)]  # (output, group a, group b)
     out, ga, gb = (torch.tensor(c) for c in zip(*gates))
-    stats = GroupStats(out, ga, gb, membership, basis, mlp.W_gate, mlp.W_in, directions @ mlp.W_out.T)
-    for s in range(0, len(z), 97):  # batches of any size
-        stats.update(z[s:s + 97], scale[s:s + 97], acts[s:s + 97])
-    result, Qt = stats.result(), qt(mlp, basis, directions)
-    for i, (f, a, b) in enumerate(gates):
-        check(result, i, reference(z, scale, acts, Qt, f, groups[a], groups[b]))
+    Qt = qt(mlp, basis, directions)
+    for token_chunk in (2048, 13):  # a batch in one piece, and in pieces
+        stats = GroupStats(out, ga, gb, membership, basis, mlp.W_gate, mlp.W_in, directions @ mlp.W_out.T)
+        for s in range(0, len(z), 97):  # batches of any size
+            stats.update(z[s:s + 97], scale[s:s + 97], acts[s:s + 97], token_chunk=token_chunk)
+        result = stats.result()
+        for i, (f, a, b) in enumerate(gates):
+            check(result, i, reference(z, scale, acts, Qt, f, groups[a], groups[b]))
 
 
 def test_every_split_of_a_reading_set_matches_its_definition():
