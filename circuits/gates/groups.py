@@ -37,6 +37,7 @@ import torch
 from circuits.gates.pairs import index_dtype, and_from_cells, cell_means, gate_score, gather_padded
 
 MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
+TIE = 1e-12  # contribution shares this close are equal: their difference is the rounding of float sums
 
 
 @dataclass
@@ -179,17 +180,17 @@ class ReadSetStats:
         # a side of padding only is no group
         key = torch.where(((masks[None, :] & real[:, None]) != 0) & (((full ^ masks)[None, :] & real[:, None]) != 0),
                           key, torch.full_like(key, float("-inf")))
-        best = key.argmax(-1)
+        current, best = _first_best(key)
         rows = torch.arange(S, device=best.device)
-        side_a, side_b, current = masks[best] & real, (full ^ masks[best]) & real, key[rows, best]
+        side_a, side_b = masks[best] & real, (full ^ masks[best]) & real
         for _ in range(self.M):
             a = side_a[:, None] & ~bits  # [S, M]: each member left out of side A (or B)
             b = side_b[:, None] & ~bits
             trial = self._key(a, b)
             trial = torch.where((a != 0) & (b != 0) & ((side_a | side_b)[:, None] & bits != 0), trial,
                                 torch.full_like(trial, float("-inf")))
-            score, leave = trial.max(-1)
-            better = score >= current - 1e-12  # a member stays only if the gate is worse without it
+            score, leave = _first_best(trial)
+            better = score >= current - TIE  # a member stays only if the gate is worse without it
             if not better.any():
                 break
             side_a = torch.where(better, a[rows, leave], side_a)
@@ -225,6 +226,15 @@ class ReadSetStats:
         without the truth tables `_evaluate` would also build."""
         total = self.sum.sum(-1, keepdim=True)
         return torch.where(total != 0, self._cross(side_a, side_b) / total, -100.0)
+
+
+def _first_best(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of `key [S, K]`, the first entry within `TIE` of the row's largest, and its
+    index `[S]` each. Splits that leave out a member the output never sees with the others
+    have the same share but for rounding: the first of them is chosen, not whichever the
+    order of float sums puts a last bit ahead."""
+    best = (key >= key.amax(-1, keepdim=True) - TIE).int().argmax(-1)  # argmax: the first of equals
+    return key.gather(-1, best[:, None])[:, 0], best
 
 
 def _apply(mask: torch.Tensor, stat: torch.Tensor) -> torch.Tensor:
