@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from circuits.gates.pairs import index_dtype, and_from_cells, cell_means, gate_score, gather_padded
+from circuits.gates.pairs import and_from_cells, cell_means, gate_score, gather_padded, index_dtype
 
 MAX_MEMBERS = 10  # 2^10 codes per reading set: the histogram stays small
 TIE = 1e-12  # contribution shares this close are equal: their difference is the rounding of float sums
@@ -253,7 +253,7 @@ class GroupStats:
         """`outputs, group_a, group_b [C]`: each gate's output and groups (columns of
         `membership [n_in, G]`, bool); `basis [d, n_in + 1]` the input basis
         (`circuits.sae_basis.input_basis`); `weights [n_out, h]` = `directions @ W_out.T`."""
-        self.outputs, self.group_a, self.group_b = outputs, group_a, group_b
+        self.outputs = outputs
         # float32 counts members exactly (below 2^24), at half the traffic of float64
         self.membership = membership.float()
         self.members = [column.nonzero()[:, 0] for column in membership.T]
