@@ -139,6 +139,7 @@ def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFac
     width = stats.M
     i, j = pair_slots(width)
     single, both, total = stats.coactive()
+    contributions = stats.contribution  # [S, P]: computed once, not once per set
     lift = both * total[:, None] / (single[:, i] * single[:, j])
     units = basis[:, :-1] / basis[:, :-1].norm(dim=0).clamp_min(1e-30)
     members_a, members_b, shares = [], [], []
@@ -157,7 +158,7 @@ def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFac
         cosine = (units[:, a] * units[:, b]).sum(0).cpu().numpy()
         split = split_evidence(facts.same_top_token(a, b), facts.shared_top_token(a, b), cosine,
                                lift[row, p].cpu().numpy(), cfg.split_lift, cfg.split_cosine)
-        contribution = stats.contribution[row, p].cpu().numpy()
+        contribution = contributions[row, p].cpu().numpy()
         total_cross = contribution.sum()
         shares.append(float(contribution[split].sum() / total_cross) if total_cross > 0 else np.nan)
     shares = np.array(shares, dtype=float)
