@@ -129,7 +129,7 @@ class ReadSetStats:
             zc, ac = z[start : start + self.token_chunk], acts[start : start + self.token_chunk]
             on = (zc != 0).float().to_sparse()
             codes = torch.sparse.mm(on, self.powers).to(base.dtype).add_(base)  # [t, S]; sums of powers of 2: exact
-            # counted in place: a third of the time of `bincount` with its new histogram to add
+            # counts added in place: a third of the time of `bincount` with its new histogram to add
             self.count.view(-1).index_add_(0, codes.view(-1), one.expand(codes.numel()))
             token, f = ac.nonzero(as_tuple=True)  # only where f is active do the sums change
             if not token.numel():
@@ -141,7 +141,7 @@ class ReadSetStats:
                                + torch.arange(len(token), device=z.device)]
             at = codes.view(-1).index_select(0, token * S + s).long()
             self.sum.view(-1).add_(torch.bincount(at, weights=act, minlength=size))
-            self.active.view(-1).add_(torch.bincount(at, minlength=size).double())
+            self.active.view(-1).index_add_(0, at, one.expand(len(at)))
             v = gather_padded(zc, token, self.members[s])[0].double()  # [p, M]
             # index_select: twice as fast as indexing with a tensor here
             terms = v.index_select(1, self.i).mul_(v.index_select(1, self.j))
