@@ -115,7 +115,7 @@ _INTERVENTIONS = (
         "(ratios of means, by the delta method: `circuits.gates.types.keep_errors`)"),
     col("causal_score", FLOAT, "`clip(1 - max(keep_a, keep_b), 0, 1) * clip(synergy, 0, 1)`"),
     col("causal_bound", FLOAT, "the causal score with keep_a and keep_b raised and synergy lowered by `--rank-z` "
-        "standard errors: what circuit_rank orders by"),
+        "standard errors, of the sample with `--null-tokens` of no effect added: what circuit_rank orders by"),
     col("gate_type", STR, "`and`, `or`, `additive`, `one-sided`, `inhibition`, `xor-like`, `neither` or `untested` "
         "(`circuits.gates.types`)"),
 )

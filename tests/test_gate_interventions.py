@@ -14,7 +14,7 @@ from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, 
                                           side_removal)
 from circuits.gates.ranking import circuit_ranks, is_split
 from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, gate_types, keep_errors,
-                                  keeps)
+                                  keeps, ranking_bound, with_null_tokens)
 from circuits.weights import MLPWeights, SAEWeights
 
 F64 = torch.float64
@@ -429,6 +429,53 @@ def test_the_causal_bound_prefers_a_sure_and_to_a_lucky_one():
     unknown = {name: np.array([np.nan, 0.02]) for name in errors}
     assert np.isnan(causal_bound(k, unknown, 2.0)[0])
     np.testing.assert_allclose(causal_bound(k, unknown, 0.0), score)
+
+
+def _token_statistics(v: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """`(n, mean [4], second [4, 4])` of one candidate's per-token activations `v [n, 4]`."""
+    return len(v), v.mean(0), v.T @ v / len(v)
+
+
+def test_null_tokens_shrink_each_keep_towards_one_by_the_samples_size():
+    rng = np.random.default_rng(0)
+    f = rng.uniform(1, 2, 30)
+    v = np.stack([f, 0.2 * f * rng.uniform(0.5, 1.5, 30), 0.4 * f, 0.1 * f], 1)  # f, f_a, f_b, f_ab
+    n, mean, second = _token_statistics(v)
+    alone = keeps(mean[0], mean[2], mean[1], mean[3])
+    total, shrunk_mean, shrunk_second = with_null_tokens([n], mean[None], second[None], 3.0)
+    shrunk = keeps(shrunk_mean[:, 0], shrunk_mean[:, 2], shrunk_mean[:, 1], shrunk_mean[:, 3])
+    assert total[0] == 33
+    for name in ("keep_a", "keep_b", "keep_ab"):
+        np.testing.assert_allclose(shrunk[name], (n * alone[name] + 3) / (n + 3))
+    np.testing.assert_allclose(shrunk["synergy"], n * alone["synergy"] / (n + 3))
+    # the same as three tokens of no effect (f unchanged by every removal, at the sample's mean f) in the data
+    padded = np.concatenate([v, np.full((3, 4), f.mean())])
+    _, want_mean, want_second = _token_statistics(padded)
+    np.testing.assert_allclose(shrunk_mean[0], want_mean)
+    np.testing.assert_allclose(shrunk_second[0], want_second)
+    # none added: the sample's own statistics, and the bound of `causal_bound`
+    np.testing.assert_allclose(with_null_tokens([n], mean[None], second[None], 0.0)[1], mean[None])
+    errors = keep_errors(np.array([n]), mean[None], second[None])
+    plain = keeps([mean[0]], [mean[2]], [mean[1]], [mean[3]])
+    np.testing.assert_allclose(ranking_bound([n], mean[None], second[None], 2.0, 0.0), causal_bound(plain, errors, 2.0))
+
+
+def test_a_few_tokens_that_all_lose_the_output_do_not_outrank_many_that_nearly_all_do():
+    """Where removing either side takes f to exactly 0 on each of 20 tokens, the keeps are 0
+    with no spread: with the sample alone its bound is a perfect 1, above a candidate whose
+    256 tokens keep about 2% each. With a null token the many tokens rank first."""
+    rng = np.random.default_rng(1)
+    f = rng.uniform(1, 2, 20)
+    few = _token_statistics(np.stack([f, 0 * f, 0 * f, 0 * f], 1))
+    g = rng.uniform(1, 2, 256)
+    many = _token_statistics(np.stack([g, g * rng.uniform(0, 0.04, 256), g * rng.uniform(0, 0.04, 256),
+                                       g * rng.uniform(0, 0.02, 256)], 1))
+    n, mean, second = (np.array(x) for x in zip(few, many))
+    alone = ranking_bound(n, mean, second, 2.0, 0.0)
+    assert alone[0] == 1.0 and alone[1] < 1.0
+    bound = ranking_bound(n, mean, second, 2.0, 1.0)
+    assert bound[1] > bound[0]
+    assert bound[0] < 0.9 < bound[1]  # the pull is strong on 20 tokens, slight on 256
 
 
 def test_circuit_ranks_put_each_outputs_best_unsplit_candidate_first_and_outscoring_splits_last():

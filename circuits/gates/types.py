@@ -43,6 +43,16 @@ are all it needs. Ranked by its estimate, the best of many candidates is partly 
 (a keep of 0.45 on 64 tokens can be 0.55 on the next 64); the *causal bound* is the causal
 score with each keep raised and the synergy lowered by `z` standard errors, and
 `circuits.gates.ranking` ranks every `and` first, then by it.
+
+On few tokens the error is itself a guess, and it can be 0: where removing either side takes
+f to exactly 0 on each of 20 tokens (the output SAE's TopK drops it), the keeps are 0 with no
+spread, and the bound is a perfect 1 that a candidate with 256 tokens keeping 1% cannot reach.
+So the bound is taken with *null tokens* added to each candidate's sample (`with_null_tokens`):
+`c` tokens on which no removal changes f (`v = (m, m, m, m)`, m the sample's mean of f), the
+prior that a side does nothing until the data say otherwise. Each keep becomes
+`(n keep + c) / (n + c)` and the synergy `n synergy / (n + c)`, and the error is never 0; the
+pull fades as `c / n`, so a candidate's bound rises with its evidence. The types and the
+reported keeps stay those of the sample alone.
 """
 
 from __future__ import annotations
@@ -129,6 +139,27 @@ def keep_errors(n, mean, second) -> dict[str, np.ndarray]:
         residual = np.einsum("ci,cij,cj->c", c, second, c).clip(min=0)  # mean(u^2); rounding can dip below 0
         errors[name] = np.sqrt(residual / np.where(usable, n - 1, np.nan)) / scale
     return errors
+
+
+def with_null_tokens(n, mean, second, count: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(n, mean, second)` as `keep_errors` reads them (`[C]`, `[C, 4]`, `[C, 4, 4]`) with
+    `count` null tokens added to each candidate's sample (module docstring): tokens where every
+    removal keeps f at the sample's mean, `v = (m, m, m, m)`."""
+    n, mean, second = np.asarray(n, dtype=float), np.asarray(mean, dtype=float), np.asarray(second, dtype=float)
+    null = np.repeat(mean[:, :1], mean.shape[1], axis=1)
+    total = n + count
+    with np.errstate(invalid="ignore", divide="ignore"):  # a candidate without tokens stays NaN
+        mean = (n[:, None] * mean + count * null) / total[:, None]
+        second = (n[:, None, None] * second + count * null[:, :, None] * null[:, None, :]) / total[:, None, None]
+    return total, mean, second
+
+
+def ranking_bound(n, mean, second, z: float, null_tokens: float) -> np.ndarray:
+    """`[C]`: the causal bound that ranks candidates, from their token statistics as
+    `keep_errors` reads them, with `null_tokens` added (`with_null_tokens`)."""
+    n, mean, second = with_null_tokens(n, mean, second, null_tokens)
+    keep = keeps(mean[:, 0], mean[:, 2], mean[:, 1], mean[:, 3])  # v is (f, f_a, f_b, f_ab): t10 is f_b
+    return causal_bound(keep, keep_errors(n, mean, second), z)
 
 
 def causal_bound(keep: dict, errors: dict, z: float) -> np.ndarray:

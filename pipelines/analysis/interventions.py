@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from circuits import forward
 from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, bit_words, candidate_tokens,
                                           intervention_table, member_effects)
-from circuits.gates.types import GateThresholds, causal_bound, causal_score, gate_types, keep_errors, keeps
+from circuits.gates.types import GateThresholds, causal_score, gate_types, keep_errors, keeps, ranking_bound
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
 from circuits.sites import MLP_OUT
@@ -218,10 +218,11 @@ def typed(frame: pd.DataFrame, second: np.ndarray, cfg) -> dict[str, np.ndarray]
     """`keep_*`, `synergy`, their standard errors, `causal_score`, `causal_bound` and
     `gate_type` from the `act_*` columns and the activations' mean products `second [C, 4, 4]`."""
     k = keeps(frame["act_none"], frame["act_b"], frame["act_a"], frame["act_ab"])
-    errors = keep_errors(frame["iv_tokens"], frame[[f"act_{r}" for r in REMOVALS]].to_numpy(), second)
+    n, mean = frame["iv_tokens"].to_numpy(), frame[[f"act_{r}" for r in REMOVALS]].to_numpy()
+    errors = keep_errors(n, mean, second)
     return {**k, **{f"{name}_se": errors[name] for name in ("keep_a", "keep_b", "synergy")},
             "causal_score": causal_score(k["keep_a"], k["keep_b"], k["synergy"]),
-            "causal_bound": causal_bound(k, errors, cfg.rank_z),
+            "causal_bound": ranking_bound(n, mean, second, cfg.rank_z, cfg.null_tokens),
             "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg))}
 
 

@@ -101,6 +101,9 @@ class VerdictConfig(Config):
     rank_z: float = option(2.0, "standard errors by which each keep is raised and the synergy lowered in the causal "
                                 "bound that ranks candidates, so that the best are ANDs beyond their sample's luck "
                                 "(0: rank by the causal score itself)", low=0.0)
+    null_tokens: float = option(1.0, "tokens of no effect (every removal keeps the output) added to each candidate's "
+                                     "sample in its causal bound: a candidate seen on few tokens ranks as the less "
+                                     "certain (circuits.gates.types; 0: none)", low=0.0)
     prune: float = option(0.05, "a group member is necessary when its leaving the group changes the group's "
                                 "intervention result by at least this share of the output; the others are pruned "
                                 "before the group is tested, ranked and confirmed, when the pruned gate's result "
