@@ -116,6 +116,8 @@ _INTERVENTIONS = (
     col("causal_score", FLOAT, "`clip(1 - max(keep_a, keep_b), 0, 1) * clip(synergy, 0, 1)`"),
     col("causal_bound", FLOAT, "the causal score with keep_a and keep_b raised and synergy lowered by `--rank-z` "
         "standard errors, of the sample with `--null-tokens` of no effect added: what circuit_rank orders by"),
+    col("sure_and", BOOL, "the `and` rule holds with keep_a and keep_b raised and synergy lowered by `--rank-z` "
+        "standard errors (null tokens added): ranked before every other candidate (`circuits.gates.types`)"),
     col("gate_type", STR, "`and`, `or`, `additive`, `one-sided`, `inhibition`, `xor-like`, `neither` or `untested` "
         "(`circuits.gates.types`)"),
 )

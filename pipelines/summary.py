@@ -42,7 +42,7 @@ def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
     """Each layer's best circuit candidates of each kind, then those of each gate tag the table has."""
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
-        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every `and` first, "
+        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every sure `and` first, "
               f"then by causal_bound, the causal score less its sampling error; split ones last; confirmed by ablation on "
               f"tokens the ranking never read){when}:")
         for g in top(table, kind, n).itertuples(index=False):

@@ -14,7 +14,7 @@ from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, 
                                           side_removal)
 from circuits.gates.ranking import circuit_ranks, is_split
 from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, gate_types, keep_errors,
-                                  keeps, ranking_bound, with_null_tokens)
+                                  keeps, ranking_terms, with_null_tokens)
 from circuits.weights import MLPWeights, SAEWeights
 
 F64 = torch.float64
@@ -457,7 +457,8 @@ def test_null_tokens_shrink_each_keep_towards_one_by_the_samples_size():
     np.testing.assert_allclose(with_null_tokens([n], mean[None], second[None], 0.0)[1], mean[None])
     errors = keep_errors(np.array([n]), mean[None], second[None])
     plain = keeps([mean[0]], [mean[2]], [mean[1]], [mean[3]])
-    np.testing.assert_allclose(ranking_bound([n], mean[None], second[None], 2.0, 0.0), causal_bound(plain, errors, 2.0))
+    np.testing.assert_allclose(ranking_terms([n], mean[None], second[None], 2.0, 0.0, LIMITS)["causal_bound"],
+                               causal_bound(plain, errors, 2.0))
 
 
 def test_a_few_tokens_that_all_lose_the_output_do_not_outrank_many_that_nearly_all_do():
@@ -471,11 +472,31 @@ def test_a_few_tokens_that_all_lose_the_output_do_not_outrank_many_that_nearly_a
     many = _token_statistics(np.stack([g, g * rng.uniform(0, 0.04, 256), g * rng.uniform(0, 0.04, 256),
                                        g * rng.uniform(0, 0.02, 256)], 1))
     n, mean, second = (np.array(x) for x in zip(few, many))
-    alone = ranking_bound(n, mean, second, 2.0, 0.0)
+    alone = ranking_terms(n, mean, second, 2.0, 0.0, LIMITS)["causal_bound"]
     assert alone[0] == 1.0 and alone[1] < 1.0
-    bound = ranking_bound(n, mean, second, 2.0, 1.0)
+    bound = ranking_terms(n, mean, second, 2.0, 1.0, LIMITS)["causal_bound"]
     assert bound[1] > bound[0]
     assert bound[0] < 0.9 < bound[1]  # the pull is strong on 20 tokens, slight on 256
+
+
+def test_an_and_just_under_the_need_threshold_is_not_a_sure_one():
+    """Two ands by their estimates on 256 tokens, side A necessary in both (removing it keeps
+    5%): removing side B keeps about 48% of the output in one, 20% in the other, spread
+    uniformly over 90% and 38% of the output between tokens. Only the second stays an and
+    with each keep raised by two standard errors."""
+    rng = np.random.default_rng(2)
+    stats = []
+    for keep_b, spread in ((0.48, 0.45), (0.20, 0.19)):
+        f = rng.uniform(1, 2, 256)
+        stats.append(_token_statistics(np.stack([f, f * 0.05, f * (keep_b + rng.uniform(-spread, spread, 256)), 0 * f], 1)))
+    n, mean, second = (np.array(x) for x in zip(*stats))
+    plain = keeps(mean[:, 0], mean[:, 2], mean[:, 1], mean[:, 3])
+    assert list(gate_types(plain["keep_a"], plain["keep_b"], plain["keep_ab"], LIMITS)) == ["and", "and"]
+    terms = ranking_terms(n, mean, second, 2.0, 1.0, LIMITS)
+    assert list(terms["sure_and"]) == [False, True]
+    assert list(ranking_terms(n, mean, second, 0.0, 0.0, LIMITS)["sure_and"]) == [True, True]  # the estimates' rule
+    assert not ranking_terms(np.array([0]), np.full((1, 4), np.nan), np.full((1, 4, 4), np.nan), 2.0, 1.0,
+                             LIMITS)["sure_and"][0]
 
 
 def test_circuit_ranks_put_each_outputs_best_unsplit_candidate_first_and_outscoring_splits_last():

@@ -36,7 +36,7 @@ def gate(out, a, b, score, cosine=0.1, lift=1.5, gate_type="additive", **extra) 
            "coactivation_lift": lift, "contribution_share": 0.2, "coactivation": 0.5, "and_data": 0.9,
            "n_active": 200.0, "n_both": 100.0, "n_a_only": 60.0, "n_b_only": 80.0, "causal_score": score, "causal_bound": score,
            "gate_type": gate_type if np.isfinite(score) else "untested", "keep_a": 0.1, "keep_b": 0.1, "keep_ab": 0.0,
-           "synergy": 0.9}
+           "synergy": 0.9, "sure_and": gate_type == "and" and np.isfinite(score)}
     return {**row, **extra}
 
 
@@ -203,7 +203,7 @@ def test_group_ranking_takes_each_outputs_best_and_puts_splits_last():
                           "causal_bound": [0.2, 0.4, 0.5, np.nan, 0.3],
                           "gate_type": ["additive", "and", "additive", "untested", "and"]})
     evidence = np.array([False, False, True, False, True])  # output 4's evidence is outweighed: it is an and
-    ranked = rank(gates.assign(and_data=0.9), evidence, ["group_a", "group_b"], CFG)
+    ranked = rank(gates.assign(and_data=0.9, sure_and=gates["gate_type"] == "and"), evidence, ["group_a", "group_b"], CFG)
     assert ranked["circuit_rank"].tolist() == [pd.NA, 1, 3, pd.NA, 2]
     assert ranked["split_pair"].tolist() == [False, False, True, False, False]
 
@@ -211,7 +211,15 @@ def test_group_ranking_takes_each_outputs_best_and_puts_splits_last():
 def test_candidates_rank_by_their_causal_bound_not_their_estimate():
     # output 1's and scores higher by its estimate but is less sure than output 2's
     gates = pd.DataFrame({"out_feature": [1, 2], "group_a": [0, 1], "group_b": [2, 3], "causal_score": [0.5, 0.4],
-                          "causal_bound": [0.1, 0.3], "gate_type": ["and", "and"], "and_data": 0.9})
+                          "causal_bound": [0.1, 0.3], "gate_type": ["and", "and"], "sure_and": True, "and_data": 0.9})
+    ranked = rank(gates, np.zeros(2, dtype=bool), ["group_a", "group_b"], CFG)
+    assert ranked["circuit_rank"].tolist() == [2, 1]
+
+
+def test_a_sure_and_ranks_before_an_and_that_may_be_its_samples_luck():
+    # output 1's and has the higher bound, but with its keeps raised by their errors it is no longer an and
+    gates = pd.DataFrame({"out_feature": [1, 2], "group_a": [0, 1], "group_b": [2, 3], "causal_bound": [0.4, 0.2],
+                          "gate_type": ["and", "and"], "sure_and": [False, True], "and_data": 0.9})
     ranked = rank(gates, np.zeros(2, dtype=bool), ["group_a", "group_b"], CFG)
     assert ranked["circuit_rank"].tolist() == [2, 1]
 

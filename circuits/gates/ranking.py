@@ -25,10 +25,10 @@ agree:
 A group gate is split when split member pairs carry most of the cross terms between its
 groups (`split_share >= 0.5`, evidence as above per member pair), and its type is not `and`.
 
-Ranking. Candidates are ordered by cause: every `and` (`circuits.gates.types`: each side
-necessary, the cross term carrying the output) that the data do not contradict before every
-other candidate, and within each by `causal_bound` (the causal score made pessimistic by its
-standard errors, `circuits.gates.types`). The data contradict an and when the
+Ranking. Candidates are ordered by cause: every sure `and` (`circuits.gates.types`: each side
+necessary and the cross term carrying the output, beyond the sample's luck) that the data do
+not contradict before every other candidate, and within each by `causal_bound` (the causal
+score made pessimistic by its standard errors, `circuits.gates.types`). The data contradict an and when the
 output's truth table on held-out tokens says it fires about as strongly with one side off
 (`and_data` below its threshold): the interventions only see tokens where both sides are
 on, where inputs that merely interfere with the one the output reads can look necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs,

@@ -42,7 +42,7 @@ residual `u = y - R f = (w - R e_f) . v` (mean 0 by construction), so the mean p
 are all it needs. Ranked by its estimate, the best of many candidates is partly the luckiest
 (a keep of 0.45 on 64 tokens can be 0.55 on the next 64); the *causal bound* is the causal
 score with each keep raised and the synergy lowered by `z` standard errors, and
-`circuits.gates.ranking` ranks every `and` first, then by it.
+`circuits.gates.ranking` ranks every sure `and` (below) first, then by it.
 
 On few tokens the error is itself a guess, and it can be 0: where removing either side takes
 f to exactly 0 on each of 20 tokens (the output SAE's TopK drops it), the keeps are 0 with no
@@ -53,6 +53,11 @@ prior that a side does nothing until the data say otherwise. Each keep becomes
 `(n keep + c) / (n + c)` and the synergy `n synergy / (n + c)`, and the error is never 0; the
 pull fades as `c / n`, so a candidate's bound rises with its evidence. The types and the
 reported keeps stay those of the sample alone.
+
+An `and` whose keeps sit just under `need` on its sample can land just over it on the next
+(a keep of 0.48 on 256 tokens is 0.52 on others about as often as not). The candidates that
+rank first are the *sure* ands: those whose bound's values, each keep raised and the
+synergy lowered by `z` standard errors, still pass the `and` rule (`ranking_terms`).
 """
 
 from __future__ import annotations
@@ -154,12 +159,20 @@ def with_null_tokens(n, mean, second, count: float) -> tuple[np.ndarray, np.ndar
     return total, mean, second
 
 
-def ranking_bound(n, mean, second, z: float, null_tokens: float) -> np.ndarray:
-    """`[C]`: the causal bound that ranks candidates, from their token statistics as
-    `keep_errors` reads them, with `null_tokens` added (`with_null_tokens`)."""
+def ranking_terms(n, mean, second, z: float, null_tokens: float, limits: GateThresholds) -> dict[str, np.ndarray]:
+    """What ranks candidates (module docstring), from their token statistics as `keep_errors`
+    reads them with `null_tokens` added (`with_null_tokens`), each `[C]`: `causal_bound`, and
+    `sure_and`, where the `and` rule holds with each keep raised and the synergy lowered by `z`
+    standard errors (every side necessary and the cross term carrying `cross` beyond the
+    sample's luck)."""
     n, mean, second = with_null_tokens(n, mean, second, null_tokens)
     keep = keeps(mean[:, 0], mean[:, 2], mean[:, 1], mean[:, 3])  # v is (f, f_a, f_b, f_ab): t10 is f_b
-    return causal_bound(keep, keep_errors(n, mean, second), z)
+    errors = keep_errors(n, mean, second)
+    high = {name: keep[name] + z * errors[name] for name in ("keep_a", "keep_b")}
+    with np.errstate(invalid="ignore"):  # NaN (untested) is never sure
+        sure = ((np.maximum(high["keep_a"], high["keep_b"]) <= limits.need)
+                & (keep["synergy"] - z * errors["synergy"] >= limits.cross))
+    return {"causal_bound": causal_bound(keep, errors, z), "sure_and": sure}
 
 
 def causal_bound(keep: dict, errors: dict, z: float) -> np.ndarray:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from circuits import forward
 from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, bit_words, candidate_tokens,
                                           intervention_table, member_effects)
-from circuits.gates.types import GateThresholds, causal_score, gate_types, keep_errors, keeps, ranking_bound
+from circuits.gates.types import GateThresholds, causal_score, gate_types, keep_errors, keeps, ranking_terms
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
 from circuits.sites import MLP_OUT
@@ -31,7 +31,7 @@ from pipelines.inputs import LayerSAEs
 
 IV_COLUMNS = ["iv_tokens", *(f"act_{r}" for r in REMOVALS), *(f"pre_{r}" for r in REMOVALS),
               "keep_a", "keep_b", "keep_ab", "synergy", "keep_a_se", "keep_b_se", "synergy_se", "causal_score",
-              "causal_bound", "gate_type"]
+              "causal_bound", "sure_and", "gate_type"]
 
 
 def _mix(x: torch.Tensor) -> torch.Tensor:
@@ -179,6 +179,7 @@ def columns_of(table: dict[str, torch.Tensor], cfg) -> pd.DataFrame:
     # a few tokens make a type by chance: a candidate tested on fewer than min_cell is untested
     few = frame["iv_tokens"] < cfg.min_cell
     frame.loc[few, "gate_type"], frame.loc[few, ["causal_score", "causal_bound"]] = "untested", np.nan
+    frame.loc[few, "sure_and"] = False
     return frame[IV_COLUMNS]
 
 
@@ -215,14 +216,14 @@ def retested(layer: LayerIntervention, cache: LayerCache, frame: pd.DataFrame, s
 
 
 def typed(frame: pd.DataFrame, second: np.ndarray, cfg) -> dict[str, np.ndarray]:
-    """`keep_*`, `synergy`, their standard errors, `causal_score`, `causal_bound` and
-    `gate_type` from the `act_*` columns and the activations' mean products `second [C, 4, 4]`."""
+    """`keep_*`, `synergy`, their standard errors, `causal_score`, `causal_bound`, `sure_and`
+    and `gate_type` from the `act_*` columns and the activations' mean products `second [C, 4, 4]`."""
     k = keeps(frame["act_none"], frame["act_b"], frame["act_a"], frame["act_ab"])
     n, mean = frame["iv_tokens"].to_numpy(), frame[[f"act_{r}" for r in REMOVALS]].to_numpy()
     errors = keep_errors(n, mean, second)
     return {**k, **{f"{name}_se": errors[name] for name in ("keep_a", "keep_b", "synergy")},
             "causal_score": causal_score(k["keep_a"], k["keep_b"], k["synergy"]),
-            "causal_bound": ranking_bound(n, mean, second, cfg.rank_z, cfg.null_tokens),
+            **ranking_terms(n, mean, second, cfg.rank_z, cfg.null_tokens, thresholds(cfg)),
             "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg))}
 
 

@@ -233,7 +233,7 @@ def rank(frame: pd.DataFrame, evidence: np.ndarray, tiebreak: list[str], cfg: Ve
     order = np.empty(len(frame), dtype=np.int64)  # each row's place in the order of the tiebreak columns
     order[np.lexsort([frame[c].to_numpy() for c in reversed(tiebreak)])] = np.arange(len(frame))
     ranks = circuit_ranks(frame["out_feature"].to_numpy(), frame["causal_bound"].to_numpy(dtype=float),
-                          (frame["gate_type"].to_numpy(dtype=object) == "and")
+                          frame["sure_and"].to_numpy(dtype=bool)
                           & ~(frame["and_data"].to_numpy(dtype=float) < cfg.and_data), split, order)
     return frame.assign(split_pair=split, circuit_rank=pd.array(np.where(ranks > 0, ranks, None), dtype="Int64"))
 
