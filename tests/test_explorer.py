@@ -100,6 +100,7 @@ def _interventions(rng, members_a=None, members_b=None) -> dict:
            "causal_score": float(np.clip(1 - max(keep["keep_a"], keep["keep_b"]), 0, 1) * np.clip(synergy, 0, 1)),
            "gate_type": str(rng.choice(GATE_TYPES[:-1]))}
     out["causal_bound"] = out["causal_score"] * float(rng.uniform(0, 1))
+    out["sure_and"] = out["gate_type"] == "and" and out["causal_bound"] > 0.2
     if members_a is not None:
         out.update(necessary_a=list(members_a[:1]), necessary_b=list(members_b[:1]))
     return out
