@@ -99,8 +99,9 @@ class VerdictConfig(Config):
     retest_tokens: int = option(256, "ranking tokens per shortlisted candidate in its retest (its first in the same "
                                      "seeded order, so the screening sample's among them)", low=1)
     rank_z: float = option(2.0, "standard errors by which each keep is raised and the synergy lowered in the causal "
-                                "bound that ranks candidates, so that the best are ANDs beyond their sample's luck "
-                                "(0: rank by the causal score itself)", low=0.0)
+                                "bound that ranks candidates, and in the test that ranks the ands that stay ands so "
+                                "first (sure_and): the best are ANDs beyond their sample's luck (0: rank by the "
+                                "estimates)", low=0.0)
     null_tokens: float = option(1.0, "tokens of no effect (every removal keeps the output) added to each candidate's "
                                      "sample in its causal bound: a candidate seen on few tokens ranks as the less "
                                      "certain (circuits.gates.types; 0: none)", low=0.0)
