@@ -175,13 +175,18 @@ def test_candidate_tables_show_gate_verdicts(run, page):
 
 
 def test_planted_negation_gate_is_labelled_and_shown(run, tmp_path):
-    """Negation and context labels planted on the inputs of layer 0's second pair, and a boost
-    of the other class's words on its output: the verdicts call it a negation gate, and the
-    report marks it and shows it in a card of its own."""
+    """Negation and context labels planted on the inputs of one of layer 0's best pairs after
+    the first, and a boost of the other class's words on its output: the verdicts call it a
+    negation gate, and the report marks it and shows it in a card of its own. The pair is the
+    best after the first with confirmation tokens (found by ablating more), so that its
+    ablation has rows to show."""
     planted = tmp_path / "planted"
     shutil.copytree(run, planted)
+    assert main(["verdicts", "--out", str(planted), *VERDICTS, "--n-ablate", "8"]) == 0
     pairs = _verdicts(planted).query("layer == 0 and kind == 'pair'").sort_values("circuit_rank")
-    first, second = pairs.iloc[0], pairs.iloc[1]
+    first = pairs.iloc[0]
+    second = pairs.iloc[1:][pairs.iloc[1:]["ablation_tokens"] > 0].iloc[0]
+    rank = int(second["circuit_rank"])
     inputs = pd.read_parquet(table_path(planted / "tables", "features", 0, "resid_mid"))
     inputs.loc[inputs["feature"] == second["in_a"], ["label", "label_share"]] = ("negation", 0.9)
     inputs.loc[inputs["feature"] == second["in_b"], ["label", "label_share"]] = ("context=positive", 0.9)
@@ -196,7 +201,7 @@ def test_planted_negation_gate_is_labelled_and_shown(run, tmp_path):
     assert layer0["negation_gate"].notna().all()
     gate = layer0[(layer0["kind"] == "pair") & layer0["negation_gate"].astype(bool)]
     assert gate[["out_feature", "in_a", "in_b", "circuit_rank"]].values.tolist() == [
-        [second["out_feature"], second["in_a"], second["in_b"], 2]]
+        [second["out_feature"], second["in_a"], second["in_b"], rank]]
     ablated = pd.read_parquet(planted / "tables" / "gate_ablation")
     assert ((ablated["layer"] == 0) & (ablated["out_feature"] == second["out_feature"])).sum() == 3  # a, b, both
     assert main(["report", "--out", str(planted), *SMALL]) == 0
@@ -204,7 +209,7 @@ def test_planted_negation_gate_is_labelled_and_shown(run, tmp_path):
     assert _check_candidate_tables(planted, text)
     assert "comes from the corpus&#39;s own labels" in text or "comes from the corpus's own labels" in text
     cards = _parse(text).cards
-    assert any(c.startswith(f"Pair circuit rank 2 (negation gate): layer 0, output feature {second['out_feature']} ")
+    assert any(c.startswith(f"Pair circuit rank {rank} (negation gate): layer 0, output feature {second['out_feature']} ")
                for c in cards), cards
 
 
