@@ -366,6 +366,8 @@ LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1)
     ((1.0, 0.4, 0.45, 0.2), "and"),
     ((1.0, 1.0, 0.0, 0.0), "one-sided"),  # A matters, B is a bystander
     ((1.0, 0.0, 0.95, 0.0), "one-sided"),
+    ((1.0, 0.0, 0.95, 0.1), "one-sided"),  # B's own term 5% of f without A, 5% with it
+    ((1.0, 0.87, 0.66, 0.06), "additive"),  # B hardly matters beside A, but alone it gives 66%: no bystander
     ((1.0, 1.5, 0.0, 0.5), "inhibition"),  # removing B raises f
     ((1.0, 1.5, 1.6, 0.2), "xor-like"),
     ((1.0, 0.95, 0.9, 0.9), "neither"),

@@ -25,8 +25,10 @@ The type, first rule that holds (thresholds of `GateThresholds`):
 - `or`: each side alone suffices and f needs one of them (`keep_a, keep_b >= suffice`,
   `keep_ab <= need`): own terms of both sides, `synergy` near -1;
 - `neither`: neither side matters (`keep_a, keep_b > 1 - matter`);
-- `one-sided`: one side matters, the other is a bystander (`keep > 1 - matter` on one side):
-  one own term, no cross term;
+- `one-sided`: one side matters, the other is a bystander with it and without it (`keep > 1 -
+  matter` on one side, and removing that side once the other is gone takes less than `matter`
+  of f, `|min(keep_a, keep_b) - keep_ab| < matter`): one own term, no cross term. A side that
+  barely matters beside the other but alone gives most of f is masked, not a bystander;
 - `additive`: both sides matter, neither necessary nor each sufficient: own terms of both,
   their interaction in `synergy`.
 
@@ -109,7 +111,7 @@ def gate_types(keep_a, keep_b, keep_ab, limits: GateThresholds) -> np.ndarray:
         ((high <= limits.need) & (a + b - ab <= 1 - limits.cross), "and"),
         ((low >= limits.suffice) & (ab <= limits.need), "or"),
         (~matters(low), "neither"),
-        (~matters(high), "one-sided"),
+        (~matters(high) & (np.abs(low - ab) < limits.matter), "one-sided"),
     ]
     result = np.full(a.shape, "additive", dtype=object)
     decided = np.zeros(a.shape, dtype=bool)
