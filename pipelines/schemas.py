@@ -124,7 +124,8 @@ _INTERVENTIONS = (
 _RANKED = (
     col("split_pair", BOOL, "one concept split over two latents: the correlational evidence and not an `and` by "
         "intervention (`circuits.gates.ranking`)"),
-    col("circuit_rank", INT, "rank in the layer by causal_bound of each output's circuit candidate, split ones last "
+    col("circuit_rank", INT, "rank in the layer of each output's circuit candidate: sure ands that and_data does not "
+        "contradict first, then by causal_bound, split ones last "
         "(`circuits.gates.ranking`; null otherwise)"),
 )
 _GROUPS = (
@@ -300,12 +301,13 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         *_ABLATED,
     )),
     Table("gate_verdicts", "verdicts", "an output's circuit candidate (its best pair, or its best group gate, by "
-          "causal_bound) and the split candidates that outscore it",
+          "circuit_rank's order) and the split candidates that outscore it",
           keys=(*_ORDER, "kind", "in_a", "in_b", "group_a", "group_b"),
           sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
           categories=("kind",), columns=(
         col("kind", STR, "`pair` or `group`"),
-        col("circuit_rank", INT, "rank in the layer among candidates of its kind: by causal_bound, split ones last"),
+        col("circuit_rank", INT, "rank in the layer among candidates of its kind: sure ands that and_data does not "
+            "contradict first, then by causal_bound, split ones last"),
         col("in_a, in_b", INT, "`pair`: the inputs (null for groups)"),
         col("group_a, group_b", INT, "`group`: the groups (ids of group_gates; null for pairs)"),
         col("members_a, members_b", INTS, "the inputs of each side"),
@@ -317,6 +319,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("input_cosine, coactivation_lift", FLOAT, "`pair`: as in gates"),
         col("split_pair", BOOL, "one concept split over two latents (`circuits.gates.ranking`)"),
         col("keep_a, keep_b, keep_ab, synergy, causal_score, causal_bound", FLOAT, "the interventions, as in pair_gates"),
+        col("sure_and", BOOL, "as in pair_gates"),
         col("gate_type", STR, "as in pair_gates"),
         col("necessary_a, necessary_b", INTS, "`group`: as in group_gates (null for pairs)"),
         col("drop_a, drop_b, drop_both", FLOAT, "share of the output's activation the model-run ablation removed on "

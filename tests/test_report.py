@@ -186,7 +186,6 @@ def test_planted_negation_gate_is_labelled_and_shown(run, tmp_path):
     pairs = _verdicts(planted).query("layer == 0 and kind == 'pair'").sort_values("circuit_rank")
     first = pairs.iloc[0]
     second = pairs.iloc[1:][pairs.iloc[1:]["ablation_tokens"] > 0].iloc[0]
-    rank = int(second["circuit_rank"])
     inputs = pd.read_parquet(table_path(planted / "tables", "features", 0, "resid_mid"))
     inputs.loc[inputs["feature"] == second["in_a"], ["label", "label_share"]] = ("negation", 0.9)
     inputs.loc[inputs["feature"] == second["in_b"], ["label", "label_share"]] = ("context=positive", 0.9)
@@ -200,8 +199,9 @@ def test_planted_negation_gate_is_labelled_and_shown(run, tmp_path):
     layer0 = verdicts[verdicts["layer"] == 0]
     assert layer0["negation_gate"].notna().all()
     gate = layer0[(layer0["kind"] == "pair") & layer0["negation_gate"].astype(bool)]
-    assert gate[["out_feature", "in_a", "in_b", "circuit_rank"]].values.tolist() == [
-        [second["out_feature"], second["in_a"], second["in_b"], rank]]
+    assert gate[["out_feature", "in_a", "in_b"]].values.tolist() == [[second["out_feature"], second["in_a"], second["in_b"]]]
+    rank = int(gate["circuit_rank"].iloc[0])  # this run's: the retest's rounds end by --n-ablate, so ranks may move
+    assert rank > 1
     ablated = pd.read_parquet(planted / "tables" / "gate_ablation")
     assert ((ablated["layer"] == 0) & (ablated["out_feature"] == second["out_feature"])).sum() == 3  # a, b, both
     assert main(["report", "--out", str(planted), *SMALL]) == 0

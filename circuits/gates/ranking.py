@@ -83,15 +83,16 @@ def is_split(evidence: np.ndarray, gate_type: np.ndarray) -> np.ndarray:
     return np.asarray(evidence, dtype=bool) & (np.asarray(gate_type, dtype=object) != "and")
 
 
-def circuit_ranks(out: np.ndarray, score: np.ndarray, is_and: np.ndarray, split: np.ndarray,
+def circuit_ranks(out: np.ndarray, score: np.ndarray, ahead: np.ndarray, split: np.ndarray,
                   tiebreak: np.ndarray) -> np.ndarray:
     """`circuit_rank` of every candidate of one layer and kind, 0 for those not ranked
-    (module docstring). `out, score, is_and, split [n]`; `tiebreak [n]` integer order among
-    equal scores (e.g. the input index), so ties rank the same way on every run."""
+    (module docstring). `out, score, ahead, split [n]`: `ahead` marks the candidates ranked
+    before all others (the sure ands the data do not contradict); `tiebreak [n]` integer order
+    among equal scores (e.g. the input index), so ties rank the same way on every run."""
     out, split, tiebreak = np.asarray(out), np.asarray(split, dtype=bool), np.asarray(tiebreak)
-    # one key: every and above every other candidate (scores lie in [0, 1])
+    # one key: every candidate ahead above every other (scores lie in [0, 1])
     score = np.asarray(score, dtype=float)
-    key = np.nan_to_num(score, nan=-np.inf) + 2.0 * np.asarray(is_and, dtype=bool)
+    key = np.nan_to_num(score, nan=-np.inf) + 2.0 * np.asarray(ahead, dtype=bool)
     order = np.lexsort((tiebreak, -key, split, out))  # per output: unsplit first, best score first
     first = np.ones(len(order), dtype=bool)
     first[1:] = out[order][1:] != out[order][:-1]

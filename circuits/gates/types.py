@@ -52,8 +52,8 @@ spread, and the bound is a perfect 1 that a candidate with 256 tokens keeping 1%
 So the bound is taken with *null tokens* added to each candidate's sample (`with_null_tokens`):
 `c` tokens on which no removal changes f (`v = (m, m, m, m)`, m the sample's mean of f), the
 prior that a side does nothing until the data say otherwise. Each keep becomes
-`(n keep + c) / (n + c)` and the synergy `n synergy / (n + c)`, and the error is never 0; the
-pull fades as `c / n`, so a candidate's bound rises with its evidence. The types and the
+`(n keep + c) / (n + c)` and the synergy `n synergy / (n + c)`, and the error is 0 only where
+every token keeps the whole of f; the pull fades as `c / n`, so a candidate's bound rises with its evidence. The types and the
 reported keeps stay those of the sample alone.
 
 An `and` whose keeps sit just under `need` on its sample can land just over it on the next
@@ -170,6 +170,7 @@ def ranking_terms(n, mean, second, z: float, null_tokens: float, limits: GateThr
     n, mean, second = with_null_tokens(n, mean, second, null_tokens)
     keep = keeps(mean[:, 0], mean[:, 2], mean[:, 1], mean[:, 3])  # v is (f, f_a, f_b, f_ab): t10 is f_b
     errors = keep_errors(n, mean, second)
+    # the and rule of `gate_types` (each side necessary, synergy >= cross) on the bound's values
     high = {name: keep[name] + z * errors[name] for name in ("keep_a", "keep_b")}
     with np.errstate(invalid="ignore"):  # NaN (untested) is never sure
         sure = ((np.maximum(high["keep_a"], high["keep_b"]) <= limits.need)

@@ -99,12 +99,12 @@ class VerdictConfig(Config):
     retest_tokens: int = option(256, "ranking tokens per shortlisted candidate in its retest (its first in the same "
                                      "seeded order, so the screening sample's among them)", low=1)
     rank_z: float = option(2.0, "standard errors by which each keep is raised and the synergy lowered in the causal "
-                                "bound that ranks candidates, and in the test that ranks the ands that stay ands so "
-                                "first (sure_and): the best are ANDs beyond their sample's luck (0: rank by the "
-                                "estimates)", low=0.0)
+                                "bound that orders candidates, and in the sure_and test that puts an and first only "
+                                "if it stays one so: the best are ANDs beyond their sample's luck (0, with "
+                                "null_tokens 0: rank by the estimates)", low=0.0)
     null_tokens: float = option(1.0, "tokens of no effect (every removal keeps the output) added to each candidate's "
-                                     "sample in its causal bound: a candidate seen on few tokens ranks as the less "
-                                     "certain (circuits.gates.types; 0: none)", low=0.0)
+                                     "sample in its causal bound and sure_and test: a candidate seen on few tokens "
+                                     "ranks as the less certain (circuits.gates.types; 0: none)", low=0.0)
     prune: float = option(0.05, "a group member is necessary when its leaving the group changes the group's "
                                 "intervention result by at least this share of the output; the others are pruned "
                                 "before the group is tested, ranked and confirmed, when the pruned gate's result "
@@ -234,7 +234,7 @@ def rank(frame: pd.DataFrame, evidence: np.ndarray, tiebreak: list[str], cfg: Ve
     order = np.empty(len(frame), dtype=np.int64)  # each row's place in the order of the tiebreak columns
     order[np.lexsort([frame[c].to_numpy() for c in reversed(tiebreak)])] = np.arange(len(frame))
     ranks = circuit_ranks(frame["out_feature"].to_numpy(), frame["causal_bound"].to_numpy(dtype=float),
-                          frame["sure_and"].to_numpy(dtype=bool)
+                          frame["sure_and"].eq(True).to_numpy()  # NaN (a row from elsewhere) is not sure
                           & ~(frame["and_data"].to_numpy(dtype=float) < cfg.and_data), split, order)
     return frame.assign(split_pair=split, circuit_rank=pd.array(np.where(ranks > 0, ranks, None), dtype="Int64"))
 
