@@ -53,7 +53,8 @@ N_TRUTH, N_ABLATE = 4, 2  # candidates per layer with a truth table (gate_truth)
 CELLS = ("on_on", "on_off", "off_on", "off_off")
 ABLATION_NUMBERS = ("activation_before", "activation_after", "pre_before", "pre_after", "pre_change_predicted",
                     "activation_local", "logprob_before", "logprob_after")
-VERDICT_INTERVENTIONS = ("keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "causal_bound", "gate_type")
+VERDICT_INTERVENTIONS = ("keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "causal_bound", "sure_and",
+                         "gate_type")
 SHARES = ("share_a", "share_b", "share_other", "share_bias", "share_error")
 
 
