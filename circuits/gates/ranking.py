@@ -28,14 +28,15 @@ groups (`split_share >= 0.5`, evidence as above per member pair), and its type i
 Ranking. Candidates are ordered by cause: every sure `and` (`circuits.gates.types`: each side
 necessary and the cross term carrying the output, beyond the sample's luck) that the data do
 not contradict before every other candidate, and within each by `causal_bound` (the causal
-score made pessimistic by its standard errors, `circuits.gates.types`). The data contradict an and when the
-output's truth table on held-out tokens says it fires about as strongly with one side off
-(`and_data` below its threshold): the interventions only see tokens where both sides are
-on, where inputs that merely interfere with the one the output reads can look necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs,
-or group gates), is its first in that order that is not split (its first split one when it
-has no other). `circuit_rank` ranks the circuit candidates of a layer in that order, and
-after them the split candidates that come before their output's circuit candidate, so that
-a reader finds what was demoted and why. Untested candidates (no score) are not ranked.
+score made pessimistic by its standard errors, `circuits.gates.types`). The data contradict
+an and when the output's truth table on held-out tokens says it fires about as strongly with
+one side off (`and_data` below its threshold): the interventions only see tokens where both
+sides are on, where inputs that merely interfere with the one the output reads can look
+necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs, or
+group gates), is its first in that order that is not split (its first split one when it has
+no other). `circuit_rank` ranks the circuit candidates of a layer in that order, and after
+them the split candidates that come before their output's circuit candidate, so that a reader
+finds what was demoted and why. Untested candidates (no score) are not ranked.
 """
 
 from __future__ import annotations
