@@ -27,7 +27,8 @@ The type, first rule that holds (thresholds of `GateThresholds`):
 - `neither`: neither side matters (`keep_a, keep_b > 1 - matter`);
 - `one-sided`: one side matters, the other is a bystander with it and without it (`keep > 1 -
   matter` on one side, and removing that side once the other is gone takes less than `matter`
-  of f, `|min(keep_a, keep_b) - keep_ab| < matter`): one own term, no cross term. A side that
+  of f, `|min(keep_a, keep_b) - keep_ab| < matter`, the bystander's own term in units of f,
+  `t01 - t00` when B is the bystander): one own term, no cross term. A side that
   barely matters beside the other but alone gives most of f is masked, not a bystander;
 - `additive`: both sides matter, neither necessary nor each sufficient: own terms of both,
   their interaction in `synergy`.
