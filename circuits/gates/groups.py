@@ -268,6 +268,9 @@ class GroupStats:
         as_long = lambda values: torch.tensor(values, dtype=torch.long, device=outputs.device)  # noqa: E731
         self.pair_index = (as_long([a for a, _ in self.pairs]), as_long([b for _, b in self.pairs]),
                            as_long([numbered[(int(a), int(b))] for a, b in zip(group_a.tolist(), group_b.tolist())]))
+        # each pair's gates and their outputs, found once rather than in every chunk of every batch
+        gates = [(self.pair_index[2] == p).nonzero()[:, 0] for p in range(len(self.pairs))]
+        self.pair_gates = [(g, outputs[g]) for g in gates]
         C = len(outputs)
         zeros = dict(dtype=torch.float64, device=outputs.device)
         self.cell_tokens, self.cell_sum, self.cell_active = (torch.zeros(C, 4, **zeros) for _ in range(3))
@@ -296,9 +299,7 @@ class GroupStats:
         self.cell_active += (cells.T @ active)[row, column]
         self.act_sum += acts.sum(0)[self.outputs]
         self.n_active += active.sum(0)[self.outputs]
-        for p, (a, b) in enumerate(self.pairs):
-            gates = (pair == p).nonzero()[:, 0]
-            outputs = self.outputs[gates]
+        for (a, b), (gates, outputs) in zip(self.pairs, self.pair_gates):
             # the cross term is zero unless both groups are on, and counts only where a gate's output is active
             rows = (on[:, a] & on[:, b] & active[:, outputs].any(1)).nonzero()[:, 0]
             ia, ib = self.members[a], self.members[b]
