@@ -103,7 +103,7 @@ def test_remove_json_and_text_helpers(tmp_path):
 def hashing(monkeypatch, tmp_path):
     """A fresh digest cache under tmp_path, and a count of sha256 objects made by `files`."""
     monkeypatch.setenv("BILINEAR_CIRCUITS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(files._CACHE, "entries", None)
+    monkeypatch.setattr(files, "_CACHE", files._DigestCache())  # as in a new process
 
     class Counting:
         calls = 0
@@ -169,6 +169,28 @@ def test_digest_cache_is_hit_and_invalidated(tmp_path, hashing):
     path.write_bytes(b"x" * 1001)  # other size
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000))
     assert digest(path) not in (first, changed) and hashing.calls == 4
+
+
+def test_a_burst_of_new_digests_writes_the_cache_file_once_and_loses_none(tmp_path, hashing, monkeypatch):
+    # the file holds up to 20,000 digests (3.6 MB): rewritten per new digest, a stage reading a
+    # fresh run's tables spent seconds writing it
+    writes = []
+    real_write = files.write_json
+    monkeypatch.setattr(files, "write_json", lambda path, data: writes.append(path) or real_write(path, data))
+    paths = []
+    for i in range(40):
+        paths.append(tmp_path / f"table{i}.parquet")
+        paths[-1].write_bytes(bytes([i]) * 100)
+    found = [digest(p) for p in paths]
+    assert hashing.calls == 40 and len(writes) <= 2
+    cache_file = tmp_path / "cache" / "bilinear-circuits" / "digests.json"
+    other = {"/elsewhere|1|2|3": "written by another process meanwhile"}
+    files.write_json(cache_file, {**(files.read_json(cache_file) or {}), **other})
+    files._CACHE.flush()  # what the interpreter's exit runs
+    on_disk = files.read_json(cache_file)
+    assert set(found) <= set(on_disk.values()) and on_disk.items() >= other.items()
+    files._CACHE.entries = None  # a new process: every digest answered by the file
+    assert [digest(p) for p in paths] == found and hashing.calls == 40
 
 
 # ------------------------------------------------------------------ stamps
