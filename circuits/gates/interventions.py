@@ -196,7 +196,11 @@ class LayerIntervention:
         and "b", what `evaluate_shared(..., full=True)` computed (every output's pre-activation
         and the norm's factor squared of its distinct rows) and each row's place among them."""
         coef_a, coef_b = coef_a.to(cross.dtype), coef_b.to(cross.dtype)
-        u = {r: ((pre - self.bias) / scale[:, None], place) for r, (pre, scale, place) in single.items()}
+        unscaled = {}  # the single removals' tables, each once (A's and B's are one table when evaluated together)
+        for pre, scale, _ in single.values():
+            if id(pre) not in unscaled:
+                unscaled[id(pre)] = (pre - self.bias) / scale[:, None]
+        u = {r: (unscaled[id(pre)], place) for r, (pre, _, place) in single.items()}
         # in place on [N, n_out], in buffers kept between calls: these passes over memory, not
         # the arithmetic, are the cost, and a fresh buffer this large is faulted in page by page
         if not self._buffers or self._buffers[0].shape[0] < len(cross):
@@ -316,13 +320,19 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
         out = sides.out[cand]
         a, b = sides.a[cand], sides.b[cand]
         coef_a, coef_b = latents(token, a), latents(token, b)  # both sides' latents, read once for every removal
-        nobody = cand.new_full((len(cand), 1), -1)
-        removals = {"none": (nobody, torch.zeros(nobody.shape, dtype=coef_a.dtype, device=device)),
-                    "a": (a, coef_a), "b": (b, coef_b), "ab": (torch.cat([a, b], 1), torch.cat([coef_a, coef_b], 1))}
+        n = len(cand)
+        nobody = cand.new_full((n, 1), -1)
+        # sides A and B removed in one call: a latent that is A of one candidate and B of another at a
+        # token (a pair's inputs are each other candidates' other side) is evaluated there once
+        width = max(a.shape[1], b.shape[1])
+        one_side = (torch.cat([_widened(a, width, -1), _widened(b, width, -1)]),
+                    torch.cat([_widened(coef_a, width, 0), _widened(coef_b, width, 0)]))
+        removals = {"none": (nobody, torch.zeros(nobody.shape, dtype=coef_a.dtype, device=device)), "a|b": one_side,
+                    "ab": (torch.cat([a, b], 1), torch.cat([coef_a, coef_b], 1))}
         unique, token_of = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
         mine = source[unique]
         projected = layer.project(mine)
-        acts, single = [], {}
+        done, single = {}, {}
         for r, (members, coef) in removals.items():
             if r == "ab" and pairs:  # derived once per distinct (token, a, b), read at each entry's output
                 place = _unique_rows(torch.cat([token_of[:, None], a, b], 1), int(max(a.max(), b.max())) + 1)
@@ -330,10 +340,19 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
                 pre = layer.both_of_pairs(projected, token_of[first], a[first, 0], b[first, 0], coef_a[first, 0],
                                           coef_b[first, 0], cross.index_select(0, cand[first]),
                                           {k: (v[0], v[1], v[2][first]) for k, v in single.items()})
-                pre, act = pre[place, out], layer.sae_out.encode_at(pre, out, place)
-            else:
-                pre, act, *full = layer.evaluate_shared(mine, coef, token_of, out, members, projected, full=pairs)
-                single[r] = tuple(full)
+                done[r] = pre[place, out], layer.sae_out.encode_at(pre, out, place)
+                continue
+            times = len(members) // n
+            pre, act, *full = layer.evaluate_shared(mine, coef, token_of.repeat(times), out.repeat(times), members,
+                                                    projected, full=pairs)
+            for part, name in enumerate(r.split("|")):
+                rows = slice(part * n, (part + 1) * n)
+                done[name] = pre[rows], act[rows]
+                if pairs:
+                    single[name] = (full[0], full[1], full[2][rows])
+        acts = []
+        for r in REMOVALS:
+            pre, act = done[r]
             sums[f"pre_{r}"].index_add_(0, cand, pre.double())
             sums[f"act_{r}"].index_add_(0, cand, act.double())
             acts.append(act)
@@ -349,6 +368,11 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
     if per_entry:
         found["entry_act"] = torch.cat(each) if each else source.new_zeros(0, len(REMOVALS))
     return found
+
+
+def _widened(table: torch.Tensor, width: int, fill: int) -> torch.Tensor:
+    """`table [N, M]` with columns of `fill` added up to `width`."""
+    return torch.cat([table, table.new_full((len(table), width - table.shape[1]), fill)], 1)
 
 
 def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tensor, sides: Sides, entries: Entries,
