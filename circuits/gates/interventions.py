@@ -235,28 +235,46 @@ class Entries:
 
 
 def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: Sides, limit: int | None = None,
-                     block: int = 64) -> Entries:
+                     block: int = 64, spans: int = 16) -> Entries:
     """The (candidate, token)s where the output is active and both sides are on (a side is on
     where any member is active): every one, or with `limit` each candidate's first `limit`
     tokens in the words' order. `on_words [n_in, w]`, `active_words [n_out, w]`: the tokens
     each input and output is on at, as bits (`bit_words`), so a candidate costs a few word
     operations per 32 tokens, not one per active token of its output, and only the words
-    holding its first tokens are unpacked; `block` candidates at a time bound the memory."""
+    holding its first tokens are unpacked; `block` candidates at a time bound the memory.
+    With `limit`, the words are read in `spans` spans and a candidate that has its `limit`
+    tokens reads no further (in the demo a third of the pairs have 256 tokens or more, and
+    their first 32 lie in the first few spans). In no particular order."""
     on_words = torch.cat([on_words, on_words.new_zeros(1, on_words.shape[1])])  # the padding member (-1) is never on
-    side_words = lambda members: _or_rows(on_words, torch.where(members >= 0, members, len(on_words) - 1))  # noqa: E731
+    n_words = on_words.shape[1]
+    step = n_words if limit is None else max(1, -(-n_words // spans))
+    # each span's words in tables of their own (rows of a slice are gathered at a stride, slowly), and as
+    # many candidates at a time as `block` of all the words hold
+    parts = [(start, on_words[:, start : start + step].contiguous(), active_words[:, start : start + step].contiguous())
+             for start in range(0, n_words, step)]
+    block = block * (n_words // step)
     bit = torch.arange(32, device=on_words.device)
     cands, tokens = [], []
     for first in range(0, len(sides), block):
-        rows = slice(first, first + block)
-        both = active_words.index_select(0, sides.out[rows]) & side_words(sides.a[rows]) & side_words(sides.b[rows])
-        count = _popcount(both)  # [c, words]
-        before = count.cumsum(1) - count  # the candidate's tokens in its earlier words
-        cand, word = ((count > 0) if limit is None else (count > 0) & (before < limit)).nonzero(as_tuple=True)
-        bits = (both[cand, word][:, None] >> bit) & 1  # [n, 32]
-        keep = bits.bool() if limit is None else bits.bool() & (before[cand, word][:, None] + bits.cumsum(1) - bits < limit)
-        hit, at = keep.nonzero(as_tuple=True)
-        cands.append(cand[hit] + first)
-        tokens.append(word[hit] * 32 + at)
+        mine = torch.arange(first, min(first + block, len(sides)), device=on_words.device)
+        before = torch.zeros(len(mine), dtype=torch.long, device=on_words.device)  # tokens found in earlier spans
+        for start, on_part, active_part in parts:
+            if limit is not None:
+                open_ = before < limit
+                mine, before = mine[open_], before[open_]
+                if not len(mine):
+                    break
+            side = lambda members: _or_rows(on_part, torch.where(members >= 0, members, len(on_part) - 1))  # noqa: E731
+            both = active_part.index_select(0, sides.out[mine]) & side(sides.a[mine]) & side(sides.b[mine])
+            count = _popcount(both)  # [c, words]
+            ahead = count.cumsum(1) - count + before[:, None]  # the candidate's tokens in its earlier words
+            cand, word = ((count > 0) if limit is None else (count > 0) & (ahead < limit)).nonzero(as_tuple=True)
+            bits = (both[cand, word][:, None] >> bit) & 1  # [n, 32]
+            keep = bits.bool() if limit is None else bits.bool() & (ahead[cand, word][:, None] + bits.cumsum(1) - bits < limit)
+            hit, at = keep.nonzero(as_tuple=True)
+            cands.append(mine[cand[hit]])
+            tokens.append((word[hit] + start) * 32 + at)
+            before = before + count.sum(1)
     none = torch.zeros(0, dtype=torch.long, device=on_words.device)
     return Entries(torch.cat([none, *cands]), torch.cat([none, *tokens]))
 
