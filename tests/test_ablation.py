@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from circuits import forward
 from circuits.weights import SAEWeights, from_hooked_transformer
 from circuits.gates.interventions import Sides
 from pipelines.analysis.ablation import PARTS, confirm
@@ -91,6 +92,19 @@ def test_the_model_run_at_the_layer_equals_the_layer_local_intervention(model, s
     np.testing.assert_allclose(shares.sum(axis=1), 1.0, rtol=1e-6)
     if exact:  # no reconstruction error and no b_dec
         np.testing.assert_allclose(table[["share_bias", "share_error"]], 0.0, atol=1e-5)
+
+
+def test_the_cache_holds_each_sae_encoding_of_every_token_across_row_batches(model):
+    saes, out_sae, mlp = layer_saes(model, "resid_mid", seed=2)
+    saes = LayerSAEs(1, LoadedSAE(random_sae(3), Path("random"), "test", (1, "resid_mid")), "resid_mid", saes.sae_out)
+    cache = LayerCache.build(model, rows(), 16, saes, 0, 0.5, batch_rows=3)  # six row batches, the last short
+    assert cache.z.is_coalesced() and cache.acts.is_coalesced()
+    assert torch.equal(cache.z.coalesce().indices(), cache.z.indices())  # marked coalesced: truly in order
+    np.testing.assert_allclose(cache.z.to_dense(), saes.sae_in.weights.encode(cache.source), rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        _, found = forward.run(model, torch.as_tensor(rows().tokens), [(1, "mlp_out")])
+    kept = rows().keep(torch.as_tensor(rows().tokens))
+    np.testing.assert_allclose(cache.acts.to_dense(), out_sae.encode(found[1, "mlp_out"][kept]), rtol=1e-5, atol=1e-5)
 
 
 def test_confirmation_and_ranking_tokens_are_disjoint_seeded_samples(model):

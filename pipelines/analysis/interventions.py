@@ -104,8 +104,8 @@ class LayerCache:
             parts["resid_pre"].append(resid_pre)
             parts["tokens"].append(tokens)
         flat = torch.cat(parts["flat"])
-        return cls(layer, site, flat, torch.cat(parts["source"]), torch.cat(parts["z"]).coalesce(),
-                   torch.cat(parts["acts"]).coalesce(), confirmation_tokens(flat, seed, confirm_share),
+        return cls(layer, site, flat, torch.cat(parts["source"]), _stacked(parts["z"]),
+                   _stacked(parts["acts"]), confirmation_tokens(flat, seed, confirm_share),
                    torch.cat(parts["resid_pre"]), torch.cat(parts["tokens"]), rows.n_ctx, float(model.cfg.eps))
 
     def batches(self, confirm: bool = False, size: int = 8192):
@@ -149,6 +149,15 @@ class LayerCache:
 
             self._words[(confirm, seed)] = (index, words(self.z), words(self.acts))
         return self._words[(confirm, seed)]
+
+
+def _stacked(blocks: list[torch.Tensor]) -> torch.Tensor:
+    """Coalesced sparse row blocks `[t_i, n]` one after another `[sum t_i, n]`: already in
+    coalesced order, so marked so rather than sorted again (0.17 s per table at the demo's
+    2 million entries)."""
+    table = torch.cat(blocks)
+    return torch.sparse_coo_tensor(table._indices(), table._values(), table.shape, is_coalesced=True,
+                                   check_invariants=False)
 
 
 def thresholds(cfg) -> GateThresholds:
