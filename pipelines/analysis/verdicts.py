@@ -81,9 +81,10 @@ class VerdictConfig(Config):
                                 "table to speak", low=1)
     and_data: float = option(0.6, "least and_data for the truth table to say AND (an equal-weight sum of two inputs "
                                   "scores 0.5)", low=0.0, high=1.0)
-    iv_tokens: int = option(64, "ranking tokens per candidate (a seeded sample of those where both sides are on and "
+    iv_tokens: int = option(32, "ranking tokens per candidate (a seeded sample of those where both sides are on and "
                                 "the output is active) on which its sides are removed by exact layer-local "
-                                "intervention", low=1)
+                                "intervention: the screening that finds the shortlist, which is retested on "
+                                "retest_tokens", low=1)
     confirm_share: float = option(0.25, "share of the held-out tokens kept for the model-run confirmation (a seeded "
                                         "hash of the position): the ranking never reads them", low=0.0, high=1.0)
     need: float = option(0.5, "a side is necessary when removing it keeps at most this share of the output "
