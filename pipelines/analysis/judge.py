@@ -25,8 +25,6 @@ from pipelines.inputs import LayerSAEs
 from pipelines.schemas import TABLES
 
 CIRCUIT_READS = ("gates", "eigen", "eigen_inputs", "interactions")  # the circuits stage's tables it reads
-ABLATION_KEYS = {"pair": ("in_a", "in_b"), "group": ("group_a", "group_b")}  # what names a candidate of each kind
-ABLATION_TABLES = {"pair": "gate_ablation", "group": "group_ablation"}
 
 
 def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.DataFrame], *, facts: InputFacts,
@@ -72,22 +70,21 @@ def judge_layer(model, saes: LayerSAEs, rows: TokenRows, circuits: dict[str, pd.
     group_gates, group_truth = (f.assign(**keys) for f in (group_gates, group_truth))
 
     first = verdict_rows(pairs, group_gates, None, None, facts, cfg, tags)
-    # the best pairs and group gates confirmed in one model run: a row both sample runs its clean pass once
-    chosen = pd.concat([to_ablate(first, kind, cfg.n_ablate, tags) for kind in ABLATION_KEYS]) if len(first) else first
-    records = chosen.to_dict("records")
-    sides = Sides.of_groups([int(r["out_feature"]) for r in records],
-                            *([list(r[CIRCUIT_SIDES[r["kind"]][side]]) for r in records] for side in (0, 1)), device)
-    names = [{"kind": r["kind"], "out_feature": int(r["out_feature"]), **{k: int(r[k]) for k in ABLATION_KEYS[r["kind"]]}}
-             for r in records]
-    frame = confirm(model, cache, saes, mlp, sides, names, boosted=boosted, max_tokens=cfg.ablate_tokens, seed=cfg.seed)
-    ablated = {}
-    for kind, key in ABLATION_KEYS.items():
-        table = TABLES[ABLATION_TABLES[kind]]
-        mine = frame[frame["kind"] == kind] if len(frame) else frame
-        ablated[table.name] = (mine.astype({k: "int64" for k in key}).assign(**keys)[table.names] if len(mine)
-                               else table.empty())
+    ablated, tried = {}, set()
+    for kind, table, key in (("pair", "gate_ablation", ("in_a", "in_b")),
+                             ("group", "group_ablation", ("group_a", "group_b"))):
+        chosen = to_ablate(first, kind, cfg.n_ablate, tags) if len(first) else first
+        tried.update(ablation_key(r) for r in chosen.to_dict("records"))
+        a, b = CIRCUIT_SIDES[kind]
+        sides = Sides.of_groups(chosen["out_feature"].astype(int).tolist(),
+                                [list(m) for m in chosen[a]], [list(m) for m in chosen[b]], device) \
+            if len(chosen) else Sides.of_groups([], [], [], device)
+        names = [{"out_feature": int(r["out_feature"]), **{k: int(r[k]) for k in key}} for r in chosen.to_dict("records")]
+        frame = confirm(model, cache, saes, mlp, sides, names, boosted=boosted, max_tokens=cfg.ablate_tokens,
+                        seed=cfg.seed)
+        ablated[table] = frame.assign(**keys) if len(frame) else TABLES[table].empty()
     verdicts = verdict_rows(pairs, group_gates, ablated["gate_ablation"], ablated["group_ablation"], facts, cfg, tags,
-                            frozenset(ablation_key(r) for r in records))
+                            frozenset(tried))
     # a verdict row carries its candidate's working columns (ranks, cross terms): keep the table's; a layer
     # without verdicts has the tags' columns too, or a reader of every layer's files could drop them
     table = TABLES["gate_verdicts"].schema_with(tag.column for tag in tags)
