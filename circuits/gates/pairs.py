@@ -94,12 +94,14 @@ def pair_coefficients(
     `[P]` (a == b gives the self term `Qt[a, a]`). Returns `[P]`; memory `chunk * d_mlp`.
     """
     Pg, Pi = basis.T @ W_gate, basis.T @ W_in  # [n_in + 1, h]
+    # each output's w once: the pairs of one output (a reading set's 28) share it
+    outputs, which = out.unique(return_inverse=True)
+    w = directions[outputs] @ W_out.T  # [U, h]
     result = torch.empty(out.shape, dtype=W_gate.dtype, device=W_gate.device)
     for start in range(0, out.numel(), chunk):
         s = slice(start, start + chunk)
-        w = directions[out[s]] @ W_out.T  # [p, h]
         both = Pg[a[s]] * Pi[b[s]] + Pg[b[s]] * Pi[a[s]]
-        result[s] = 0.5 * (w * both).sum(-1)
+        result[s] = 0.5 * (w[which[s]] * both).sum(-1)
     return result
 
 
