@@ -40,6 +40,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from circuits.sites import RESID_MID, check_input_site, input_gain
 from circuits.weights import MLPWeights, SAEWeights
@@ -343,8 +344,8 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
         # sides A and B removed in one call: a latent that is A of one candidate and B of another at a
         # token (a pair's inputs are each other candidates' other side) is evaluated there once
         width = max(a.shape[1], b.shape[1])
-        one_side = (torch.cat([_widened(a, width, -1), _widened(b, width, -1)]),
-                    torch.cat([_widened(coef_a, width, 0), _widened(coef_b, width, 0)]))
+        widened = lambda table, fill: F.pad(table, (0, width - table.shape[1]), value=fill)  # noqa: E731
+        one_side = (torch.cat([widened(a, -1), widened(b, -1)]), torch.cat([widened(coef_a, 0), widened(coef_b, 0)]))
         removals = {"none": (nobody, torch.zeros(nobody.shape, dtype=coef_a.dtype, device=device)), "a|b": one_side,
                     "ab": (torch.cat([a, b], 1), torch.cat([coef_a, coef_b], 1))}
         unique, token_of = token.unique(return_inverse=True)  # the chunk's tokens, projected once for every removal
@@ -386,11 +387,6 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
     if per_entry:
         found["entry_act"] = torch.cat(each) if each else source.new_zeros(0, len(REMOVALS))
     return found
-
-
-def _widened(table: torch.Tensor, width: int, fill: int) -> torch.Tensor:
-    """`table [N, M]` with columns of `fill` added up to `width`."""
-    return torch.cat([table, table.new_full((len(table), width - table.shape[1]), fill)], 1)
 
 
 def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tensor, sides: Sides, entries: Entries,
