@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from circuits.bilinear import interaction_matrices
-from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, _unique_rows, bit_words,
-                                          candidate_tokens, intervention_table, latent_lookup, member_effects,
-                                          side_removal)
+from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, _popcount, _popcount_shifts,
+                                          _unique_rows, bit_words, candidate_tokens, intervention_table, latent_lookup,
+                                          member_effects, side_removal)
 from circuits.gates.ranking import circuit_ranks, is_split
 from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, gate_types, keep_errors,
                                   keeps, ranking_terms, with_null_tokens)
@@ -106,15 +106,25 @@ def test_candidate_tokens_are_exactly_where_the_output_is_active_and_both_sides_
     assert nothing.cand.shape == nothing.token.shape == (0,)
 
 
-@pytest.mark.parametrize("limit", [1, 31, 32, 33, 64, 65, 100])
+@pytest.mark.parametrize("limit", [1, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 170])
 def test_a_limit_keeps_the_first_tokens_across_words(limit):
-    # a candidate on at every token: its first `limit` tokens run through whole 32-token words (bit 31 included)
-    on, active = torch.ones(90, N_IN, dtype=torch.bool), torch.ones(90, N_OUT, dtype=torch.bool)
-    on[[5, 40, 70], 2] = False  # side a's only member is off at three tokens
-    words = lambda table: bit_words(*table.nonzero().T, 90, table.shape[1])  # noqa: E731
+    # a candidate on at every token: its first `limit` tokens run through whole 64-token words (the sign bit
+    # included)
+    on, active = torch.ones(170, N_IN, dtype=torch.bool), torch.ones(170, N_OUT, dtype=torch.bool)
+    on[[5, 40, 63, 70, 127], 2] = False  # side a's only member is off at five tokens
+    words = lambda table: bit_words(*table.nonzero().T, 170, table.shape[1])  # noqa: E731
     found = candidate_tokens(words(on), words(active), Sides.of_groups([3], [[2]], [[4]]), limit=limit)
-    want = [t for t in range(90) if t not in (5, 40, 70)][:limit]
+    want = [t for t in range(170) if t not in (5, 40, 63, 70, 127)][:limit]
     assert sorted(found.token.tolist()) == want and (found.cand == 0).all()
+
+
+def test_both_ways_of_counting_bits_count_every_bit_of_a_word():
+    g = torch.Generator().manual_seed(0)
+    words = torch.cat([torch.randint(-(2**63), 2**63 - 1, (500,), generator=g, dtype=torch.long),
+                       torch.tensor([0, -1, -(2**63), 2**63 - 1, 1])])
+    want = [(w & (2**64 - 1)).bit_count() for w in words.tolist()]  # the word's 64 bits, sign bit too
+    assert _popcount(words).tolist() == want and _popcount_shifts(words).tolist() == want
+    assert _popcount(words[None, :4]).shape == (1, 4) and max(want) == 64
 
 
 @pytest.mark.parametrize("k, relu", [(4, True), (4, False), (None, True), (N_OUT, False)])

@@ -135,7 +135,7 @@ class LayerCache:
     def _bits(self, confirm: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ranking (or confirmation) tokens' cache rows `[t]` in `sample_order`, and at
         which of them each input latent is on and each output active, as `bit_words`: kept
-        for the cache's life, `(n_in + n_out) * t / 4` bytes (about 25 MB for the demo's layer)."""
+        for the cache's life, `(n_in + n_out) * t / 8` bytes (about 12 MB for the demo's layer)."""
         if (confirm, seed) not in self._words:
             index = torch.nonzero(self.confirm == confirm)[:, 0]
             index = index[sample_order(self.flat[index], seed)]
