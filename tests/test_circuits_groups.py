@@ -4,6 +4,7 @@ and a planted AND between two groups found as the best split of a reading set.""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -204,3 +205,32 @@ def test_splits_whose_shares_differ_only_in_rounding_are_chosen_alike():
         chosen.append((int(side_a[0]), int(side_b[0])))
     assert chosen[0] == chosen[1]
     assert sorted(chosen[0]) == [0b001, 0b010]  # member 2 left out, 0 and 1 on either side
+
+
+def test_a_reading_sets_split_share_is_the_part_of_its_cut_cross_terms_that_split_pairs_carry():
+    from pipelines.analysis.group_gates import _eigen_frame
+    from pipelines.analysis.verdicts import InputFacts, VerdictConfig
+
+    # three sets with planted cross coefficients; every member on at every token, f active everywhere, so each
+    # member pair's contribution is its coefficient times the token count
+    members = torch.tensor([[0, 1, 2, 3], [2, 4, 5, -1], [1, 4, -1, -1]])
+    cross = torch.zeros(3, 6, dtype=F64)  # pair_slots(4) order: (0,1) (0,2) (0,3) (1,2) (1,3) (2,3)
+    cross[0] = torch.tensor([0.2, 1.0, 2.0, 3.0, 4.0, 0.1], dtype=F64)  # best cut: {0, 1} | {2, 3}
+    cross[1, [0, 1, 3]] = torch.tensor([1.0, 1.0, 0.5], dtype=F64)  # members 2, 4, 5: best cut {2} | {4, 5}
+    stats = ReadSetStats(torch.tensor([0, 1, 2]), members, cross, n_in=6)
+    T = 50
+    stats.update(torch.ones(T, 6, dtype=F64), torch.ones(T, dtype=F64), torch.ones(T, 3, dtype=F64))
+    sets = pd.DataFrame({"out_feature": [0, 1, 2], "eigen_rank": [1, 1, 1],
+                         "members": [[0, 1, 2, 3], [2, 4, 5], [1, 4]]})
+    # inputs 0 and 2 share a top token: their pair is split evidence; no other pair is
+    facts = InputFacts({0: "x", 2: "x", 1: "a", 3: "b", 4: "c", 5: "d"}, {}, {}, {}, {}, {})
+    basis = torch.cat([torch.eye(6, dtype=F64), torch.zeros(6, 1, dtype=F64)], 1)  # orthogonal inputs: cosine 0
+    frame = _eigen_frame(stats, sets, basis, facts, VerdictConfig())
+    cuts = [{frozenset(a), frozenset(b)} for a, b in zip(frame["members_a"], frame["members_b"])]
+    assert cuts == [{frozenset({0, 1}), frozenset({2, 3})}, {frozenset({2}), frozenset({4, 5})},
+                    {frozenset({1}), frozenset({4})}]
+    # set 0 cuts (0,2) (0,3) (1,2) (1,3): 1 + 2 + 3 + 4, of which the split pair (0,2) carries 1
+    np.testing.assert_allclose(frame["split_share"][0], 1.0 / 10.0, rtol=1e-12)
+    assert frame["split_share"][1] == 0.0  # cut pairs, none of them split
+    assert np.isnan(frame["split_share"][2])  # its only pair carries no cross term: no share
+    assert frame["split_pair"].tolist() == [False, False, False]

@@ -142,26 +142,25 @@ def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFac
     contributions = stats.contribution  # [S, P]: computed once, not once per set
     lift = both * total[:, None] / (single[:, i] * single[:, j])
     units = basis[:, :-1] / basis[:, :-1].norm(dim=0).clamp_min(1e-30)
-    members_a, members_b, shares = [], [], []
-    for row, (members, mask_a, mask_b) in enumerate(zip(sets["members"], masks_a.tolist(), masks_b.tolist())):
-        side_a = [m for slot, m in enumerate(members) if mask_a >> slot & 1]
-        side_b = [m for slot, m in enumerate(members) if mask_b >> slot & 1]
-        members_a.append(side_a)
-        members_b.append(side_b)
-        slots = [(p, int(i[p]), int(j[p])) for p in range(len(i)) if int(j[p]) < len(members)]
-        across = [(p, members[s], members[t]) for p, s, t in slots
-                  if (mask_a >> s & 1 and mask_b >> t & 1) or (mask_b >> s & 1 and mask_a >> t & 1)]
-        if not across:
-            shares.append(np.nan)
-            continue
-        p, a, b = (np.array(v) for v in zip(*across))
-        cosine = (units[:, a] * units[:, b]).sum(0).cpu().numpy()
-        split = split_evidence(facts.same_top_token(a, b), facts.shared_top_token(a, b), cosine,
-                               lift[row, p].cpu().numpy(), cfg.split_lift, cfg.split_cosine)
-        contribution = contributions[row, p].cpu().numpy()
-        total_cross = contribution.sum()
-        shares.append(float(contribution[split].sum() / total_cross) if total_cross > 0 else np.nan)
-    shares = np.array(shares, dtype=float)
+    sides = [[[m for slot, m in enumerate(members) if mask >> slot & 1] for members, mask in zip(sets["members"], masks)]
+             for masks in (masks_a.tolist(), masks_b.tolist())]
+    members_a, members_b = sides
+    # every set's member pairs that the split cuts, at once: [S, P], their inputs a and b
+    slots = torch.arange(width, device=masks_a.device)
+    in_a, in_b = ((masks[:, None] >> slots) & 1 == 1 for masks in (masks_a, masks_b))
+    across = ((in_a[:, i] & in_b[:, j]) | (in_b[:, i] & in_a[:, j])) & (stats.members[:, j] < stats.n_in)
+    row, p = across.nonzero(as_tuple=True)
+    a, b = stats.members[row, i[p]], stats.members[row, j[p]]
+    cosine = (units[:, a] * units[:, b]).sum(0).cpu().numpy()
+    a, b = a.cpu().numpy(), b.cpu().numpy()
+    split = split_evidence(facts.same_top_token(a, b), facts.shared_top_token(a, b), cosine,
+                           lift[row, p].cpu().numpy(), cfg.split_lift, cfg.split_cosine)
+    contribution = contributions[row, p].cpu().numpy()
+    row = row.cpu().numpy()
+    total_cross = np.bincount(row, weights=contribution, minlength=len(sets))
+    split_cross = np.bincount(row, weights=np.where(split, contribution, 0.0), minlength=len(sets))
+    # a set with no cut pair, or whose cut pairs carry nothing, has no share
+    shares = np.where(total_cross > 0, split_cross / np.where(total_cross > 0, total_cross, 1.0), np.nan)
     return _gate_frame(result, cfg, source="eigen", out_feature=sets["out_feature"], eigen_rank=sets["eigen_rank"],
                        members_a=members_a, members_b=members_b,
                        label_a=[facts.group_label(m) for m in members_a],
