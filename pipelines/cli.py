@@ -221,7 +221,8 @@ def cmd_stage(args: argparse.Namespace) -> None:
 
 def cmd_report(args: argparse.Namespace) -> None:
     from pipelines.jobs import SiteChoice
-    from pipelines.report.page import ReportConfig, write_report
+    from pipelines.report.config import ReportConfig
+    from pipelines.report.page import write_report
 
     cfg = config_from(args, ReportConfig)
     ctx = _Context(args)
@@ -304,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     from pipelines.lm.model import PRESETS, ModelConfig
     from pipelines.lm.training import LMTrainConfig
     from pipelines.options import add_job
-    from pipelines.report.page import ReportConfig
+    from pipelines.report.config import ReportConfig
 
     parser = argparse.ArgumentParser(
         prog="bilinear-circuits",

@@ -23,7 +23,8 @@ from pipelines.inputs import ModelInputs, StageInputs
 from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, LMJob, SAEJob, VerdictsJob
 from pipelines.lm.model import PRESETS
 from pipelines.lm.training import LMTrainConfig
-from pipelines.report.page import ReportConfig, write_report
+from pipelines.report.config import ReportConfig
+from pipelines.report.page import write_report
 from pipelines.runtime import Runtime
 from pipelines.stages import (CIRCUITS, FEATURES, VERDICTS, ensure, ensure_corpus, ensure_lm, ensure_saes,
                               ensure_tokens)

@@ -95,6 +95,18 @@ assert not heavy, f"building the parser loaded {heavy}"
     _python(code)
 
 
+def test_a_stage_command_loads_no_plotting_library():
+    # matplotlib takes about 0.6 s to import, a tenth of the verdicts stage's start: only the report draws
+    code = """import sys
+from pipelines import cli
+parser = cli.build_parser()
+parser.parse_args(["verdicts"])
+import pipelines.stages, pipelines.stages.verdicts, pipelines.analysis.judge
+assert "matplotlib" not in sys.modules, "a stage's command loaded matplotlib"
+"""
+    _python(code)
+
+
 def _banned(name: str) -> bool:
     return any(name == b or name.startswith(b + ".") for b in NOT_IN_CIRCUITS)
 

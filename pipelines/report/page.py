@@ -11,7 +11,6 @@ their section. The page links to the explorer when the run has one.
 from __future__ import annotations
 
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from circuits.config import Config, option
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines import summary
 from pipelines.data.tags import tagged
@@ -29,24 +27,13 @@ from pipelines.engine.paths import INDEX, RunPaths
 from pipelines.report import figures
 from pipelines.schemas import read
 from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_match
+from pipelines.report.config import ReportConfig
 from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
 
 MEMBERS_SHOWN = 8  # input features listed per side of a candidate (the explorer lists them all)
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_type",
                      "causal_score", "keep_a", "keep_b", "synergy", "gate_score", "and_data", "split_pair", "drop_a",
                      "drop_b", "verdict", "out_description", "a_description", "b_description"]  # and the gate tags
-
-
-@dataclass(frozen=True)
-class ReportConfig(Config):
-    """What the report shows and how much it computes (about a minute on the demo)."""
-
-    n_candidates: int = option(8, "circuit candidates per layer in each layer's tables (pairs, groups)", low=1)
-    cards_per_layer: int = option(1, "best candidates per layer and kind shown in detail", low=0)
-    n_inputs: int = option(8, "input features per interaction heatmap", low=2)
-    n_eigen_bars: int = option(16, "largest eigenvalues drawn per spectrum", low=1)
-    hist_rank: int = option(2, "rank whose correlations are histogrammed and quoted", low=1)
-    dpi: int = option(100, "resolution of the PNG figures", low=20)
 
 
 def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, plan: dict[int, LayerPlan],
