@@ -300,6 +300,29 @@ def test_member_effects_find_the_members_that_matter():
     assert abs(float(effect[0, 0])) > 1e-3 and abs(float(effect[0, 1])) < 1e-9 and float(effect[0, 2]) == 0.0
 
 
+def test_member_effects_are_the_change_when_each_member_stays_behind():
+    # by definition, on tokens where some members are alone on their side (nothing else leaves) and some not
+    mlp, W_dec, sae_out, randn = world(7, k=4)
+    layer = LayerIntervention(mlp, W_dec, sae_out, "resid_mid")
+    g = torch.Generator().manual_seed(7)
+    z = (torch.rand(30, N_IN, generator=g, dtype=F64) < 0.4) * (0.5 + torch.rand(30, N_IN, generator=g, dtype=F64))
+    source = z @ W_dec + randn(30, D) / 10
+    sides = Sides.of_groups([2, 6], [[0, 1, 2], [3, 4]], [[5], [7, 8]])
+    entries = Entries(cand=torch.arange(2).repeat(30), token=torch.arange(30).repeat_interleave(2))
+    lookup = latent_lookup(z)
+    act = lambda members: layer.evaluate(source, entries.token, sides.out[entries.cand],  # noqa: E731
+                                         *side_removal(lookup(entries.token, members), members))[1]
+    a = sides.a[entries.cand]
+    alone = ((lookup(entries.token, a) != 0).sum(1) == 1).sum()
+    assert 0 < alone < len(a)  # both kinds of row are tested
+    removed, clean = act(a), act(torch.full_like(a[:, :1], -1))
+    mean = lambda values: torch.zeros(2, dtype=F64).index_add_(0, entries.cand, values)  # noqa: E731
+    want = torch.stack([mean(act(torch.where(torch.arange(3) == k, -1, a)) - removed) for k in range(3)], 1)
+    want = want / mean(clean)[:, None]
+    want[1, 2] = 0.0  # the second gate's side has two members: its third slot is padding
+    torch.testing.assert_close(member_effects(layer, source, z, sides, entries, "a", chunk=16), want)
+
+
 def test_member_effects_read_the_intervention_tables_activations_at_each_entry():
     """The pruning reads the clean and side-removed activations that the gates' intervention
     table computed at each entry rather than computing them again: they must be those

@@ -450,7 +450,11 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
         for s in range(0, len(entry), chunk):
             e, k = entry[s : s + chunk], slot[s : s + chunk]
             left = torch.where(slots == k[:, None], torch.zeros_like(coef[e]), coef[e])  # member k stays
-            kept = layer.evaluate_shared(rows, left, token[e], out[e], mine[e], projected)[1]
+            # where k is the side's only active member, nothing leaves: the clean activation, not evaluated
+            # again (a third of the rows in the demo's group pruning)
+            kept, some = clean[e], (left != 0).any(1).nonzero()[:, 0]
+            kept[some] = layer.evaluate_shared(rows, left[some], token[e[some]], out[e[some]], mine[e[some]],
+                                               projected)[1]
             change.index_add_(0, cand[e] * M + k, (kept - removed[e]).double())
     return change.view(C, M) / base.clamp_min(1e-30)[:, None]
 
