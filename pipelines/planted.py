@@ -21,8 +21,12 @@ hidden unit per planted output (two for an OR):
 - split concepts: one concept written as two latents with near-parallel directions, nearly
   always active together on one frequent token, read as `((d_a + d_b) . x)^2`;
 
-plus distractor inputs active at random and distractor outputs (squares of single
-distractors), in superposition with all the rest. The input SAE is the planted dictionary
+plus distractor inputs active at random, in superposition with all the rest, and distractor
+outputs: each the square of one distractor input read along the part of its direction that
+no planted input writes to. Read along the whole direction, the square would also hold a
+cross term with every planted input that overlaps it, and in the seed-0 world one distractor
+output was an AND with four planted inputs that the model computes (an answer the world did
+not declare). The input SAE is the planted dictionary
 (its encoder the decoder's transpose, but for the two latents of a split concept, which tell
 each other apart as a trained SAE's would; a threshold and a top-k); the output SAE reads
 each output along its own direction. Label channels mark the tokens where each group AND's cues
@@ -136,6 +140,7 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
     embed = torch.from_numpy(codes) @ D
 
     n_out = len(gates)
+    planted_basis = torch.linalg.qr(D[:next_input].T)[0]  # [d, planted inputs]: where the planted inputs write
     U = torch.linalg.qr(torch.randn(d, n_out, generator=gen, dtype=torch.float64))[0].T  # [n_out, d] orthonormal
     units = []  # (output, gate direction, in direction): each hidden unit adds (gate . x)(in . x) to its output
     for g in gates:
@@ -153,7 +158,11 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
             units.append((g.output, da, da))
         elif g.kind == "inhibition":
             units.append((g.output, da, da - 0.6 * db))
-        else:  # a split concept, or a distractor: the square of what it reads
+        elif g.kind == "distractor":  # its input along what no planted input writes: a square, no AND with them
+            mine = D[g.side_a[0]]
+            alone = mine - planted_basis @ (planted_basis.T @ mine)
+            units.append((g.output, alone, alone))
+        else:  # a split concept: the square of what it reads
             both = read(g.side_a + g.side_b)
             units.append((g.output, both, both))
     outputs, gate_gate, gate_in = (list(column) for column in zip(*units))

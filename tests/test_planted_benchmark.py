@@ -31,20 +31,32 @@ def test_the_planted_ands_fill_the_top_of_the_ranking(found):
     world, tables, frame, summary = found
     assert summary["planted ANDs"] == 4 and summary["planted pair ANDs"] == 2
     assert summary["pairs: recall in top 2"] == 1.0 and summary["pairs: precision in top 2"] == 1.0
-    # every planted group AND is an and; among the best group gates one more and: a distractor
-    # output that squares one input, with a side of inputs whose directions overlap its input's
-    # (superposition), which the interventions and the model run both find necessary. Cut to
-    # its individually necessary members it would look additive, but that cut changes its
-    # intervention result, so pruning keeps its sides
+    # the planted ANDs are the four best group gates, each an and
     groups = tables["gate_verdicts"][tables["gate_verdicts"]["kind"] == "group"].sort_values("circuit_rank")
-    best = groups.head(5)
+    best = groups.head(4)
     planted = {g.output for g in world.gates if g.is_and}
-    assert planted <= set(best["out_feature"]) and (best["gate_type"] == "and").all()
-    assert summary["groups: precision in top 4"] >= 0.75
+    assert set(best["out_feature"]) == planted and (best["gate_type"] == "and").all()
+    assert summary["groups: precision in top 4"] == 1.0 and summary["groups: recall in top 4"] == 1.0
     # the planted pair ANDs are the best pairs, ahead of the additive, one-sided and inhibition
     # confounders whose inputs occur together as often
     pairs = frame[frame["planted"].str.startswith("pair AND")]
     assert sorted(pairs["pair rank"]) == [1, 2] and pairs["pair AND"].all()
+
+
+def test_a_distractor_output_reads_its_input_and_nothing_any_planted_input_writes():
+    # the world's own answer: a distractor output is the square of one input, with no cross term with a planted
+    # input (a square read along the whole direction would AND it with every planted input that overlaps it)
+    world = build_world(PlantedConfig(rows=8))
+    directions = world.saes.sae_in.weights.W_dec  # [n_inputs, d]: where each input writes
+    mlp = world.model.blocks[0].mlp
+    planted = [m for g in world.gates if g.kind != "distractor" for m in g.side_a + g.side_b]
+    distractors = [g for g in world.gates if g.kind == "distractor"]
+    units = range(mlp.W_gate.shape[1] - len(distractors), mlp.W_gate.shape[1])  # the last hidden units are theirs
+    for g, unit in zip(distractors, units):
+        for weights in (mlp.W_gate, mlp.W_in):
+            read = directions @ weights[:, unit].detach()  # [n_inputs]: what the unit reads of each input
+            assert read[planted].abs().max() < 1e-5 and read[g.side_a[0]] > 0.3
+        assert (world.model.blocks[0].mlp.W_out[unit] @ world.saes.sae_out.weights.W_dec.T).argmax() == g.output
 
 
 def test_the_gate_types_of_the_planted_outputs(found):
