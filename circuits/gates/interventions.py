@@ -275,7 +275,7 @@ def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: 
             if limit is not None:  # a word that holds more than the candidate still takes gives its first only
                 room = limit - ahead[cand, word]
                 over = (count[cand, word] > room).nonzero()[:, 0]
-                bits[over] &= bits[over].cumsum(1) <= room[over, None]
+                bits[over] = bits[over] & (bits[over].cumsum(1) <= room[over, None])
             hit, at = bits.nonzero(as_tuple=True)
             cands.append(mine[cand[hit]])
             tokens.append((word[hit] + start) * WORD + at)
@@ -286,8 +286,10 @@ def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: 
 
 def _unpacked(words: torch.Tensor) -> torch.Tensor:
     """`[n, WORD]` uint8: the bits of words `[n]`, token order. A byte at a time: a table of
-    bytes, not of int64 words shifted 64 times, is an eighth of the memory to pass over."""
-    byte = words.contiguous().view(torch.uint8).view(len(words), WORD // 8, 1)  # little-endian: low byte first
+    bytes, not of int64 words shifted 64 times, is an eighth of the memory to pass over (the
+    bytes taken by shifts, not by viewing the words' memory, whose order is the host's)."""
+    shift = torch.arange(0, WORD, 8, device=words.device)
+    byte = ((words[:, None] >> shift) & 0xFF).to(torch.uint8)[:, :, None]  # [n, WORD / 8, 1], low byte first
     return ((byte >> torch.arange(8, dtype=torch.uint8, device=words.device)) & 1).view(len(words), WORD)
 
 
@@ -421,7 +423,8 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
     side's other members removed, it kept), as a share of f's mean activation there. A member
     never active on those tokens changes nothing (0). Evaluations are shared
     (`evaluate_shared`): the clean one once per token, a removal once per token for every
-    candidate whose side removes the same active latents there. `entry_act [E, 4]`: the
+    candidate whose side removes the same active latents there; where the member is its side's
+    only active one, nothing leaves and the clean activation is read. `entry_act [E, 4]`: the
     `intervention_table(per_entry=True)` of the same sides and entries, whose clean and
     side-removed activations are read rather than computed again (the same evaluations;
     where the table batched them with other rows, equal up to that batch's rounding)."""
@@ -451,10 +454,11 @@ def member_effects(layer: LayerIntervention, source: torch.Tensor, z: torch.Tens
             e, k = entry[s : s + chunk], slot[s : s + chunk]
             left = torch.where(slots == k[:, None], torch.zeros_like(coef[e]), coef[e])  # member k stays
             # where k is the side's only active member, nothing leaves: the clean activation, not evaluated
-            # again (a third of the rows in the demo's group pruning)
-            kept, some = clean[e], (left != 0).any(1).nonzero()[:, 0]
-            kept[some] = layer.evaluate_shared(rows, left[some], token[e[some]], out[e[some]], mine[e[some]],
-                                               projected)[1]
+            # again (a third of the rows in the demo's group pruning); `clean[e]` is a copy, `clean` stays
+            kept = clean[e]
+            some = (left != 0).any(1).nonzero()[:, 0]
+            es = e[some]
+            kept[some] = layer.evaluate_shared(rows, left[some], token[es], out[es], mine[es], projected)[1]
             change.index_add_(0, cand[e] * M + k, (kept - removed[e]).double())
     return change.view(C, M) / base.clamp_min(1e-30)[:, None]
 

@@ -148,7 +148,7 @@ def _eigen_frame(stats: ReadSetStats, sets: pd.DataFrame, basis, facts: InputFac
     # every set's member pairs that the split cuts, at once: [S, P], their inputs a and b
     slots = torch.arange(width, device=masks_a.device)
     in_a, in_b = ((masks[:, None] >> slots) & 1 == 1 for masks in (masks_a, masks_b))
-    across = ((in_a[:, i] & in_b[:, j]) | (in_b[:, i] & in_a[:, j])) & (stats.members[:, j] < stats.n_in)
+    across = (in_a[:, i] & in_b[:, j]) | (in_b[:, i] & in_a[:, j])  # the sides hold real members only
     row, p = across.nonzero(as_tuple=True)
     a, b = stats.members[row, i[p]], stats.members[row, j[p]]
     cosine = (units[:, a] * units[:, b]).sum(0).cpu().numpy()
