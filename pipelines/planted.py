@@ -107,6 +107,7 @@ EXPECTED_TYPES = {"and": ("and",), "or": ("or",), "xor": ("xor-like", "inhibitio
                   "split": ("or", "additive", "one-sided", "neither"), "distractor": ("one-sided", "neither")}
 TOGETHER = 0.95  # how often an additive output's two inputs, and a one-sided output's bystander, come together
 SPLIT_TOKENS = 3  # per split concept: its frequent token (both latents), and one rare token per latent
+MIN_ALONE = 0.3  # the least part of a distractor's direction that no planted input writes to (a weaker square is noise)
 
 
 def build_world(cfg: PlantedConfig) -> PlantedWorld:
@@ -160,7 +161,11 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
             units.append((g.output, da, da - 0.6 * db))
         elif g.kind == "distractor":  # its input along what no planted input writes: a square, no AND with them
             mine = D[g.side_a[0]]
-            alone = mine - planted_basis @ (planted_basis.T @ mine)
+            alone = mine - planted_basis @ (planted_basis.T @ mine)  # about 0.75 long at the defaults
+            if alone.norm() < MIN_ALONE:
+                raise ValueError(f"PlantedConfig.d_model {d} leaves {g.name} {float(alone.norm()):.2f} of its "
+                                 f"direction beside the {next_input} planted inputs (at least {MIN_ALONE}): "
+                                 f"raise d_model")
             units.append((g.output, alone, alone))
         else:  # a split concept: the square of what it reads
             both = read(g.side_a + g.side_b)

@@ -59,6 +59,12 @@ def test_a_distractor_output_reads_its_input_and_nothing_any_planted_input_write
         assert (world.model.blocks[0].mlp.W_out[unit] @ world.saes.sae_out.weights.W_dec.T).argmax() == g.output
 
 
+def test_a_residual_too_narrow_for_the_distractors_is_refused():
+    # 30 planted inputs fill most of a 32-dimensional stream: a distractor's square would be read along nearly nothing
+    with pytest.raises(ValueError, match="d_model 32 leaves distractor 1"):
+        build_world(PlantedConfig(d_model=32, rows=8))
+
+
 def test_the_gate_types_of_the_planted_outputs(found):
     world, tables, frame, summary = found
     assert summary["gate_type right (share of planted outputs)"] >= 0.9, frame[["planted", "gate_type"]]
