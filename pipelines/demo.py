@@ -102,7 +102,7 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     ensure(FEATURES, work, cfg.features, cfg.features.plan(run, lm, layers), runtime)
     plan = cfg.verdicts.plan(run, lm, layers)
     verdicts = ensure(VERDICTS, work, cfg.verdicts, plan, runtime)
-    summary.verdicts(verdicts, cfg.n_candidates, time.perf_counter() - start)
+    summary.verdicts(verdicts, cfg.n_candidates, time.perf_counter() - start, cfg.verdicts.rules.min_cell)
     with runtime.torch_threads():
         print("\n".join(negation_graph(run, lm, cfg)))
     if cfg.explorer:

@@ -331,4 +331,4 @@ def trained_corpus(model_dir: Path) -> tuple[str, CorpusConfig] | None:
     cfg = CorpusConfig.from_json(data["config"])
     if cfg.lexicon:
         cfg = cfg.replace(lexicon=_resolved(cfg.lexicon, model_dir))
-    return _resolved(data["source"], model_dir), cfg
+    return _resolved(data["source"], model_dir), cfg.replace(negation=_resolved(cfg.negation, model_dir))

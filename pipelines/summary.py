@@ -38,8 +38,9 @@ def features(described: pd.DataFrame, tables: Path) -> None:
     print(f"{len(described)} features described in {tables / 'features'}")
 
 
-def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
-    """Each layer's best circuit candidates of each kind, then those of each gate tag the table has."""
+def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None, min_cell: int | None = None) -> None:
+    """Each layer's best circuit candidates of each kind, then those of each gate tag the table
+    has, with how many it formed and tested (`min_cell`: the least tokens a test needs)."""
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
         print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every sure `and` first, "
@@ -54,10 +55,33 @@ def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
         for g in best.itertuples(index=False):
             _print_candidate(g)
         for kind in ("pair", "group"):
-            mine = best[best["kind"] == kind]
-            print(f"{tag.name}s ({kind}s): interventions say and in layers "
-                  f"{sorted(mine.loc[mine['gate_type'] == 'and', 'layer'])}; confirmed by ablations in layers "
-                  f"{sorted(mine.loc[mine['is_and'], 'layer'])}.")
+            print(tag_counts(tagged(table, tag), tag, kind, min_cell))
+
+
+def tag_counts(rows: pd.DataFrame, tag, kind: str, min_cell: int | None = None) -> str:
+    """One line on a gate tag's candidates of one kind (`rows`: the rows it marks): how many
+    were formed, how many tested by intervention and why the others were not, how many the
+    interventions call `and` and how many of those the model-run ablation confirms."""
+    mine = rows[rows["kind"] == kind]
+    layers = lambda frame: sorted({int(x) for x in frame["layer"]})  # noqa: E731
+    head = f"{tag.name}s ({kind}s): {len(mine)} formed"
+    if mine.empty:
+        return head + "."
+    untested = mine[mine["gate_type"].isna() | (mine["gate_type"] == "untested")]
+    tested = mine.drop(untested.index)
+    parts = [f"{head} in layers {layers(mine)}", f"{len(tested)} tested by intervention"]
+    if len(untested):
+        both = pd.to_numeric(untested["both_tokens"], errors="coerce").fillna(0)
+        need = f" (--min-cell {min_cell})" if min_cell is not None else ""
+        parts.append(f"{len(untested)} untested: fewer ranking tokens with both sides on and the output active "
+                     f"than a test needs{need}; at most {int(both.max())} held-out tokens had both sides on")
+    ands = tested[tested["gate_type"] == "and"]
+    ablated = tested[tested["drop_a"].notna() & tested["drop_b"].notna()]
+    confirmed = tested[tested["is_and"].fillna(False).astype(bool)]
+    parts.append(f"interventions say and for {len(ands)}" + (f" (layers {layers(ands)})" if len(ands) else ""))
+    parts.append(f"{len(ablated)} ablated in the model, {len(confirmed)} confirmed as AND gates"
+                 + (f" (layers {layers(confirmed)})" if len(confirmed) else ""))
+    return "; ".join(parts) + "."
 
 
 def top(verdicts: pd.DataFrame, kind: str, n: int) -> pd.DataFrame:

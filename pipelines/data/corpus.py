@@ -50,8 +50,19 @@ class CorpusConfig(Config):
     text_column: str = option("text", "column (or JSON field) holding each document's text")
     label_column: str | None = option(None, "column with a class per document (e.g. a review's polarity), for feature labels")
     lexicon: str | None = option(None, "file of 'word<TAB>class' lines (a number as class: its sign), for feature labels")
+    negation: str = option("none", "label negations (channel `negation`: a cue and the words after it up to the one it "
+                                   "flips): 'english' (a built-in list of cues), a file of cue words one per line, or 'none'")
+    context: str = option("none", "label each sentence's context (channel `context`): 'lexicon' (the --lexicon class of "
+                                  "most words of it and the sentence before, negated words left out), 'column' (the "
+                                  "document's --label-column class) or 'none'", choices=("none", "lexicon", "column"))
     held_out: float = option(0.05, "share of documents held out from training (chosen by document, seeded)", low=0.001, high=0.5)
     split_seed: int = seed_option("seed of the held-out choice")
+
+    def check(self) -> None:
+        needs = {"lexicon": ("lexicon", "--lexicon"), "column": ("label_column", "--label-column")}.get(self.context)
+        if needs is not None and getattr(self, needs[0]) is None:
+            raise ValueError(f"CorpusConfig.context {self.context!r} needs CorpusConfig.{needs[0]} ({needs[1]}): the "
+                             "context's classes come from it")
 
 
 @dataclass

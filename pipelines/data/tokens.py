@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 from tqdm.auto import tqdm
 
 from pipelines.data.corpus import CorpusConfig, iter_documents
-from pipelines.data.labels import Labeller, lexicon_token_ids, read_lexicon
+from pipelines.data.labels import Labeller, lexicon_token_ids, negation_cues, read_lexicon
 from pipelines.data.tokenizer import BOS
 from pipelines.engine.files import atomic_dir, read_json, write_json
 from pipelines.engine.paths import TOKEN_COUNTS
@@ -236,7 +236,7 @@ def build_token_store(
     dtype = np.dtype(np.uint16 if d_vocab <= np.iinfo(np.uint16).max else np.int32)
     lowercase = _lowercases(tok)
     lexicon = read_lexicon(cfg.lexicon, lowercase) if cfg.lexicon else None
-    labeller = Labeller(lexicon, cfg.label_column, lowercase)
+    labeller = Labeller(lexicon, cfg.label_column, lowercase, negation_cues(cfg.negation, lowercase), cfg.context)
     skipped = 0
     with atomic_dir(folder) as tmp:
         writers = {split: _SplitWriter(tmp, split, n_ctx, dtype, d_vocab) for split in SPLITS}

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.data.corpus import CorpusConfig, corpus_digest, iter_documents
+from pipelines.data.labels import NEGATION_SETTINGS
 from pipelines.data.tokenizer import load_tokenizer, train_tokenizer
 from pipelines.data.tokens import TokenStore, bits_per_byte, held_out_mask, unigram_entropy
 from pipelines.engine import stamps
@@ -73,6 +74,8 @@ def ensure_lm(run: RunPaths, *, source: str, job: LMJob, runtime: Runtime, force
     write_json(files.summary, summary)
     np.save(files.token_counts, store.token_counts())
     corpus = job.corpus.replace(lexicon=portable(job.corpus.lexicon, lm)) if job.corpus.lexicon else job.corpus
+    if corpus.negation not in NEGATION_SETTINGS:  # a cue file, recorded as the lexicon is
+        corpus = corpus.replace(negation=portable(corpus.negation, lm))
     write_json(files.trained_corpus, {"source": portable(source, lm), "config": corpus.to_json()})
     files.train_state.unlink(missing_ok=True)
     stamps.begin(files.work_stamp)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 
 from pipelines.data.corpus import CorpusConfig, corpus_digest
+from pipelines.data.labels import NEGATION_SETTINGS
 from pipelines.data.tokens import TokenStore, build_token_store, open_token_store
 from pipelines.engine import stamps
 from pipelines.engine.files import digest, text_digest
@@ -18,8 +19,12 @@ def ensure_tokens(run: RunPaths, source: str, tok: Tokenizer, n_ctx: int, cfg: C
     inputs = {"corpus": corpus_digest(source), "tokenizer": text_digest(tok.to_str())}
     if cfg.lexicon:
         inputs["lexicon"] = digest(cfg.lexicon)
-    # the lexicon counts by its content (an input above), not by where its file lies
-    stamp = Stamp("tokens", inputs, {"n_ctx": n_ctx, **cfg.recipe(), "lexicon": bool(cfg.lexicon)})
+    files = cfg.negation not in NEGATION_SETTINGS
+    if files:
+        inputs["negation"] = digest(cfg.negation)
+    # the lexicon and a cue file count by their content (inputs above), not by where their files lie
+    stamp = Stamp("tokens", inputs, {"n_ctx": n_ctx, **cfg.recipe(), "lexicon": bool(cfg.lexicon),
+                                     "negation": "file" if files else cfg.negation})
     folder = run.token_store(text_digest(stamp.to_json())[:16])
     if stamps.is_current(stamp_of(folder), stamp):
         return open_token_store(folder)
