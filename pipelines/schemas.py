@@ -2,17 +2,15 @@
 that identify a row, the order rows are written in, and the stage that writes the table.
 
 Stages write through `write` (rows sorted, types fixed by the schema, nothing dropped
-silently); the report, the explorer and the demo read with `read` and `select`; the README's
-"Tables" section is rendered from here (`python -m pipelines.schemas README.md` rewrites it,
-and a test checks it). A table's optional columns are written only where a run has them: the
+silently); the report, the explorer and the demo read with `read` and `select`; the docs'
+tables reference is rendered from here when the site is built (`markdown`, called by
+`docs/hooks.py`). A table's optional columns are written only where a run has them: the
 gate tags a corpus supplies (`GATE_TAGS`, `pipelines.data.tags`). Feature indices are 0-based, ranks 1-based; the constant coordinate of
 the input side is index -1.
 """
 
 from __future__ import annotations
 
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -404,9 +402,7 @@ def select(frame: pd.DataFrame | None, input_site: str | None = DEFAULT_INPUT_SI
     return frame[keep].reset_index(drop=True)
 
 
-# ------------------------------------------------------------------ the README's section
-
-README_START, README_END = "<!-- tables: rendered by `python -m pipelines.schemas README.md` -->", "<!-- tables end -->"
+# ------------------------------------------------------------------ the docs' reference
 
 
 def _type(t: pa.DataType) -> str:
@@ -414,9 +410,9 @@ def _type(t: pa.DataType) -> str:
 
 
 def markdown() -> str:
-    """The README's table of tables: one row per column group, the circuit keys left out, an
-    optional column after the others, marked so."""
-    lines = [README_START, "", "| table | written by | column | type | meaning |", "|---|---|---|---|---|"]
+    """The table of tables for the docs: one row per column group, the circuit keys left out,
+    an optional column after the others, marked so."""
+    lines = ["| table | written by | column | type | meaning |", "|---|---|---|---|---|"]
     for table in TABLES.values():
         for i, c in enumerate(table.columns + tuple(Column(o.names, o.types, f"optional: {o.doc}")
                                                     for o in table.optional)):
@@ -424,22 +420,4 @@ def markdown() -> str:
             first = (f"{table.name}", f"`{table.stage}`") if i == 0 else ("", "")
             doc = c.doc.replace("|", "\\|")  # a bar inside a cell would end it
             lines.append(f"| {first[0]} | {first[1]} | {', '.join(c.names)} | {types} | {doc} |")
-    lines += ["", README_END]
     return "\n".join(lines)
-
-
-def rewrite_readme(path: str | Path) -> bool:
-    """Replace the section between the markers in `path` with `markdown()`; whether it changed."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(README_START) + ".*?" + re.escape(README_END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"{path} has no tables section between {README_START!r} and {README_END!r}")
-    new = pattern.sub(lambda _: markdown(), text)
-    path.write_text(new, encoding="utf-8")
-    return new != text
-
-
-if __name__ == "__main__":
-    for name in sys.argv[1:] or ["README.md"]:
-        print(f"{name}: {'rewritten' if rewrite_readme(name) else 'up to date'}")

@@ -1,0 +1,53 @@
+"""Where the benchmark scripts keep their figures: what a script prints also goes to a file
+under `benchmarks/results/` (its `--output`), headed by the command that produced it, so the
+docs' results page shows the current figures and never a copy typed by hand."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import shlex
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def add_output(parser: argparse.ArgumentParser, name: str) -> None:
+    """The `--output FILE` option, by default `benchmarks/results/<name>`; `-` prints only."""
+    parser.add_argument("--output", default=str(RESULTS / name),
+                        help="file the printed results are also written to, '-' for none (default: %(default)s)")
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
+@contextlib.contextmanager
+def recorded(output: str | None):
+    """Print to the terminal and, when the block ends without an error, write the same text to
+    `output` (atomically; `None` or '-' for none), after a line with the command."""
+    if output in (None, "-"):
+        yield
+        return
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
+        yield
+    from pipelines.engine.files import write_text
+
+    command = "python " + " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, f"<!-- {command} -->\n{captured.getvalue()}")
+    print(f"(written to {path})", file=sys.stderr)
