@@ -9,7 +9,7 @@ export WANDB_MODE=disabled
 
 install:
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,ray]' torch==2.13.0
+	$(PIP) install -q -e '.[test,ray,docs]' torch==2.13.0
 	# circuit-tracer's viewer and graph schema (`graph`); it pins an older transformers, and its
 	# front end needs only the standard library and pydantic, so none of its dependencies
 	$(PIP) install -q --no-deps circuit-tracer==0.5.0

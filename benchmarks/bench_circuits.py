@@ -11,6 +11,10 @@ correlations themselves mean nothing here; only their cost does.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import sys
+
 import argparse
 import json
 import os
@@ -21,6 +25,10 @@ import torch
 
 from circuits import CircuitConfig, LayerBatch, MLPWeights, Outputs, SAEWeights
 from pipelines.analysis.circuit_tables import analyse_layer
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_circuits.txt"  # under benchmarks/results/
 
 
 def random_mlp(d: int, h: int, gen: torch.Generator) -> MLPWeights:
@@ -75,6 +83,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=30, help="active input and output features per token")
     p.add_argument("--batch", type=int, default=4096, help="tokens per input batch")
     p.add_argument("--config", type=str, default=None, help="CircuitConfig as JSON")
+    add_output(p, OUTPUT)
     args = p.parse_args()
 
     cfg = CircuitConfig.from_json(json.loads(args.config)) if args.config else CircuitConfig()
@@ -119,4 +128,4 @@ def cpu_seconds() -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

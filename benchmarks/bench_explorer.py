@@ -19,6 +19,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_explorer.txt"  # under benchmarks/results/
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -64,6 +68,7 @@ def main() -> None:
     parser.add_argument("--feature", default=None, help="LAYER:FEATURE of the output feature page to open")
     parser.add_argument("--shots", type=Path, default=None, help="folder for screenshots")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     run = RunPaths(args.run.resolve())  # file URIs need an absolute path
     start = time.perf_counter()
@@ -125,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

@@ -11,6 +11,8 @@ Each preset runs in its own process, so its peak resident memory is its own.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import argparse
 import json
 import resource
@@ -18,6 +20,10 @@ import subprocess
 import sys
 import tempfile
 import time
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_graph.txt"  # under benchmarks/results/
 
 K = {"demo": 16, "paper": 30, "tiny": 4}
 
@@ -70,6 +76,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--presets", default="demo,paper")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    add_output(p, OUTPUT)
     args = p.parse_args()
     if args.one:
         print(json.dumps(one(args.one, args.tokens, args.threads)))
@@ -86,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

@@ -26,6 +26,10 @@ from circuits.sites import MLP_OUT, RESID_MID, hook_name
 from pipelines.lm.model import PRESETS, build_model
 from pipelines.lm.training import LMTrainConfig
 from sae.activations import autocast, native_bf16
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_lm.txt"  # under benchmarks/results/
 
 ROUNDS = 3
 
@@ -74,6 +78,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per job and round")
     parser.add_argument("--vocab", type=int, default=530, help="the vocabulary the built-in corpus's tokenizer reaches")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batch = LMTrainConfig().batch_size
@@ -108,4 +113,4 @@ def _rounds(jobs: dict, n_tokens: int, steps: int) -> tuple[dict, float]:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

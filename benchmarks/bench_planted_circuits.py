@@ -18,6 +18,10 @@ and reject every other planted output.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import sys
+
 import argparse
 import time
 
@@ -28,6 +32,10 @@ from circuits.layer import CircuitConfig
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.planted import PlantedConfig, analyse, build_world, score
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_planted_circuits.txt"  # under benchmarks/results/
 
 
 def run(seed: int, rows: int, groups: tuple[str, ...]) -> tuple[pd.DataFrame, dict, float]:
@@ -45,6 +53,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="planted worlds to build (default: %(default)s)")
     parser.add_argument("--rows", type=int, default=512, help="rows of 32 tokens per world (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     pd.set_option("display.width", 250)
@@ -63,4 +72,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

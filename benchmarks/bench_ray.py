@@ -21,6 +21,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_ray.txt"  # under benchmarks/results/
 
 # the demo's settings of each stage (`pipelines.demo.DemoConfig`)
 STAGES = [
@@ -53,6 +57,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the plain run; each Ray worker gets "
                                                                "threads / workers (default: %(default)s)")
     parser.add_argument("--keep", type=Path, default=None, help="keep both runs here instead of a temporary folder")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     root = args.keep or Path(tempfile.mkdtemp(prefix="bench_ray_"))
     here, there = root / "here", root / "ray"
@@ -78,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

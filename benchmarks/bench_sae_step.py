@@ -19,6 +19,10 @@ them alike and the ratios stay meaningful on a busy machine.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import sys
+
 import argparse
 import os
 import time
@@ -33,6 +37,10 @@ from sae_lens.config import SAETrainerConfig  # noqa: E402
 from sae_lens.training.sae_trainer import SAETrainer  # noqa: E402
 
 from sae.topk import TopKSAE, TopKTrainer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_sae_step.txt"  # under benchmarks/results/
 
 D_IN, D_SAE, K, BATCH, LR = 512, 2048, 30, 4096, 1e-4
 ROUND_STEPS = 5  # steps a trainer runs before the next one takes its turn
@@ -164,6 +172,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per trainer first")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch CPU thread counts to try")
     parser.add_argument("--device", default="cpu")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     print(f"d_in {D_IN}, d_sae {D_SAE}, k {K}, batch {BATCH}, {args.steps} steps after {args.warmup} warm-up, "
           f"{args.device}; torch.get_num_threads() = {torch.get_num_threads()} by default")
@@ -182,4 +191,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

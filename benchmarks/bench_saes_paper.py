@@ -40,6 +40,10 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from circuits.sites import DEFAULT_SAE_SITES  # noqa: E402
 from pipelines.runtime import Runtime  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_saes_paper.txt"  # under benchmarks/results/
 
 LAYERS, D_MODEL, N_CTX, VOCAB, BATCH, K = 6, 512, 256, 4096, 4096, 30
 PAPER_TOKENS = 150_000_000
@@ -201,6 +205,7 @@ def main() -> None:
                                                         "alone is timed, and the full run projected from its rate "
                                                         "there), or auto")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     try:
         args.device = Runtime(threads=args.threads, device=args.device).resolved(announce=False).device
@@ -257,4 +262,4 @@ def main() -> None:
           "and for the upper figure 1 ms of launch and optimiser overhead per SAE step)")
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

@@ -48,6 +48,10 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_stages.txt"  # under benchmarks/results/
 
 HERE = Path(__file__).resolve().parents[1]
 STAGES = ("corpus", "train-lm", "train-saes", "circuits", "features", "verdicts", "report", "explorer")
@@ -500,7 +504,7 @@ def projection(results: list[dict]) -> str:
                 f"measured in this run{precisions}): floor {floor / 60:.1f} min; at this run's wall-time ratios ({at}; "
                 f"other stages at their floor) at most {here / 3600:.1f} h, {without_lm / 3600:.1f} h without training the "
                 "LM: an upper bound, since the demo's products are too small to fill a GPU and the paper's run nearer "
-                "their floor (a projection from measured rates and ratios; README, 'Measured on a GPU')")
+                "their floor (a projection from measured rates and ratios; docs/howto/gpu.md)")
     return (head + f"  this machine, {cores} quiet cores at {rate / 1e9:.0f} GFLOP/s (this run's best float32 rate per "
             f"CPU second{precisions}): floor {floor / 3600:.0f} h; at this run's CPU ratios ({at}; other stages at "
             f"their floor) {here / 3600:.0f} h ({here / 86400:.1f} days), {without_lm / 3600:.0f} h without training "
@@ -522,6 +526,7 @@ def main() -> None:
                              "circuits,...: the analysis stages alone, every code tree on the same inputs)")
     parser.add_argument("--profile-lines", type=int, default=3, help="places listed per stage")
     parser.add_argument("--child", choices=STAGES, help=argparse.SUPPRESS)
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -569,4 +574,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

@@ -19,6 +19,10 @@ and L0, the active latents per token. Prints quantiles per layer of RUN and per 
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import sys
+
 import argparse
 
 import pandas as pd
@@ -32,6 +36,10 @@ from pipelines.engine.paths import RunPaths
 from pipelines.lm.model import load_model
 from pipelines.planted import PlantedConfig, build_world
 from sae.io import load_sae
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_superposition.txt"  # under benchmarks/results/
 
 QUANTILES = (0.25, 0.5, 0.75, 0.9)
 
@@ -92,6 +100,7 @@ def main() -> None:
     parser.add_argument("--run", default=None, help="a finished run with an LM and resid_mid SAEs (default: none)")
     parser.add_argument("--rows", type=int, default=32, help="held-out rows read (default: %(default)s)")
     parser.add_argument("--seeds", default="0,1,2", help="planted worlds (default: %(default)s)")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
     found = run_rows(args.run, args.rows) if args.run else []
@@ -101,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

@@ -19,6 +19,10 @@ import time
 from pathlib import Path
 
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_threads.txt"  # under benchmarks/results/
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -116,6 +120,7 @@ def timed(run, repeats: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     print(f"{'stage':<32}{'idle 1':>9}{'idle 2':>9}{'busy 1':>9}{'busy 2':>9}   seconds, median of {args.repeats}")
     for name, build in STAGES.items():
@@ -135,4 +140,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

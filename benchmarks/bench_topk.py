@@ -9,6 +9,10 @@ one run, alternating, on the same rows, with freed memory kept as the command li
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import sys
+
 import argparse
 import time
 
@@ -16,6 +20,10 @@ import torch
 
 from circuits.weights import top_k_indices
 from pipelines.runtime import reuse_freed_memory
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_topk.txt"  # under benchmarks/results/
 
 SHAPES = {"demo SAE step": (4096, 512, 16), "demo token cache": (8192, 512, 16), "paper SAE step": (4096, 2048, 30)}
 
@@ -32,6 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch thread counts to try")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per method and shape")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     reuse_freed_memory()
     generator = torch.Generator().manual_seed(0)
@@ -48,4 +57,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

@@ -26,6 +26,10 @@ import pandas as pd
 from bench_stages import code_env
 
 from pipelines.schemas import TABLES
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "bench_verdicts.txt"  # under benchmarks/results/
 
 VERDICT_TABLES = [name for name, table in TABLES.items() if table.stage == "verdicts"]
 
@@ -84,6 +88,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None, help="where the copies go (default: next to RUN)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each stage (default: %(default)s)")
     parser.add_argument("--layers", default=None, help="comma list of layers (default: all)")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     work = args.work or args.run.parent
     rows = []
@@ -104,4 +109,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

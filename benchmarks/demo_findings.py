@@ -18,8 +18,9 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
 
-from benchmarks.results_file import add_output, recorded  # noqa: E402
+from results_file import add_output, recorded  # noqa: E402
 from pipelines.schemas import select  # noqa: E402
 
 

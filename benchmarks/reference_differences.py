@@ -46,6 +46,10 @@ from circuits.sites import MLP_IN, MLP_OUT, RESID_MID  # noqa: E402
 from circuits.sae_basis import preactivation_offset, token_scale  # noqa: E402
 from circuits.spectra import ActiveCorrelation, eigh_by_magnitude, lowrank_at  # noqa: E402
 from pipelines.inputs import SAE_OUTPUTS, part_name  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, run_recorded  # noqa: E402
+
+OUTPUT = "reference_differences.txt"  # under benchmarks/results/
 
 F64 = torch.float64
 
@@ -456,6 +460,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds of the random-weight measurements")
     parser.add_argument("--tries", type=int, default=30, help="tries to read a table being rewritten")
     parser.add_argument("--wait", type=float, default=10.0, help="seconds between tries")
+    add_output(parser, OUTPUT)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -477,4 +482,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_recorded(main, OUTPUT)

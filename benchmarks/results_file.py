@@ -12,6 +12,16 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+CHILD_FLAGS = ("--child", "--one")  # how bench_stages, bench_saes_paper and bench_graph start their children
+
+
+def run_recorded(main, name: str) -> None:
+    """Run a benchmark script's `main` (whose parser has `add_output(parser, name)`), keeping
+    what it prints in its `--output` file."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_output(parser, name)
+    with recorded(parser.parse_known_args()[0].output):
+        main()
 
 
 def add_output(parser: argparse.ArgumentParser, name: str) -> None:

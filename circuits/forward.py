@@ -58,7 +58,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     cos, sin: `[pos, d_head]`."""
     half = x.shape[-1] // 2
     # the halves swapped by one roll, the sign moved onto sin: the same values bit for bit as
-    # cat([-x2, x1]) * sin, one pass over x fewer each way (1.72 -> 1.36 ms at the demo's shapes)
+    # cat([-x2, x1]) * sin, with one pass over x fewer each way
     signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
     return x * cos + x.roll(half, -1) * signed
 
@@ -92,8 +92,8 @@ def _attend(model: HookedTransformer, layer: int, q: torch.Tensor, k: torch.Tens
     d_model = attn.W_O.shape[-1]
     causal = mask is None
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        # a CPU's fused attention is slower in bfloat16 than in float32 (at the demo's shapes on two
-        # threads, forward and backward: 37.6 against 16.2 ms a layer): only the products around it gain
+        # a CPU's fused attention, its backward pass above all, is slower in bfloat16 than in
+        # float32: only the products around it gain
         with torch.autocast("cpu", enabled=False):
             z = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal)
     else:

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -104,16 +105,33 @@ def benchmarks_page() -> str:
              "machine: compare only figures measured on the same one.", ""]
     files = sorted(p for p in folder.glob("*") if p.suffix in (".md", ".txt")) if folder.is_dir() else []
     for path in files:
-        text = path.read_text(encoding="utf-8")
-        first, _, rest = text.partition("\n")
-        command = first.removeprefix("<!-- ").removesuffix(" -->") if first.startswith("<!-- ") else ""
-        lines += [f"## {path.stem.replace('_', ' ')}", ""]
-        if command:
-            lines += [f"`{command}`", ""]
-        lines += [rest.strip() if path.suffix == ".md" else f"```text\n{rest.strip()}\n```", ""]
+        lines += [f"## {path.stem.replace('_', ' ')}", "", result_section(path), ""]
     if not files:
         lines.append("No results are recorded yet: see [current results](index.md) for the commands.")
     return "\n".join(lines) + "\n"
+
+
+def result_section(path: Path) -> str:
+    """A results file as Markdown: its command (the file's first line), then its text."""
+    first, _, rest = path.read_text(encoding="utf-8").partition("\n")
+    command = first.removeprefix("<!-- ").removesuffix(" -->") if first.startswith("<!-- ") else ""
+    body = rest.strip() if path.suffix == ".md" else f"```text\n{rest.strip()}\n```"
+    return (f"`{command}`\n\n" if command else "") + body
+
+
+INCLUDE = re.compile(r"<!-- results: ([\w.-]+) -->")
+
+
+def on_page_markdown(markdown, page, config, files):
+    """`<!-- results: NAME -->` in a page becomes the results file benchmarks/results/NAME."""
+    def include(match):
+        path = ROOT / "benchmarks" / "results" / match.group(1)
+        if not path.is_file():
+            log.warning(f"{page.file.src_uri}: no results file {path.relative_to(ROOT)} to include")
+            return match.group(0)
+        return result_section(path)
+
+    return INCLUDE.sub(include, markdown)
 
 
 # ------------------------------------------------------------------ docstrings

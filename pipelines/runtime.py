@@ -66,9 +66,9 @@ class Runtime(Config):
 
         A layer's analysis is many mid-sized operations (gathers, top-k, products of a few
         thousand rows), whose threads wait on each other at every one: two layers side by
-        side, each on one thread, beat one layer on two (on the seed-0 demo run, two idle cores:
-        verdicts 73.2 s against 89.2 s, circuits 31.9 s against 39.4 s; torch's operations
-        release the GIL). Two layers at once hold two layers' working memory.
+        side, each on one thread, beat one layer on two (torch's operations release the GIL;
+        `benchmarks/bench_threads.py` measures it). Two layers at once hold two layers'
+        working memory.
 
         While tasks run at once torch has one intra-op thread (its count is global: a task
         that changed it would change it under the others, and with it their sums' last
@@ -86,9 +86,8 @@ def reuse_freed_memory() -> bool:
     By default glibc adapts the size above which it maps fresh pages (up to 32 MB) and returns
     free memory at the top of a heap beyond twice that size. The stages allocate and free
     tensors of a few to 30 MB at every step, so the same memory was faulted in again and
-    again: training the demo's eight SAEs took 4.7 million page faults and 10.5 s of system
-    time, and 0.5 million and 2.5 s with a fixed 32 MB threshold and no trimming (the same
-    as `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_`, which must be set before Python
+    again, a large share of SAE training's system time; a fixed 32 MB threshold and no
+    trimming keep it mapped (the same as `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_`, which must be set before Python
     starts). The peak memory stays the same; what a stage frees is kept for the next."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
@@ -103,13 +102,12 @@ def collect_cycles_rarely() -> None:
     """Have Python's cycle collector run a seventieth as often, and not at all at exit.
 
     TransformerLens, sae-lens and pandas leave millions of long-lived objects, and every full
-    collection walks all of them, although the stages' cyclic garbage is small. With Python's
-    default thresholds (700, 10, 10) the demo spent 3.3 s in collections and importing
-    sae-lens took 4.8-5.8 s, against 3.3-3.8 s with these; the verdicts of one demo layer
-    spent 1.35 s in collections, against 0.23 s. At exit the interpreter collects once more,
-    walking everything to free memory the system reclaims anyway: 1.4-1.9 s of every command
-    that loads an SAE, 0.2-0.3 s once the objects are frozen (exempt from collection; they
-    are still freed by reference counting, and exit handlers run as before)."""
+    collection walks all of them, although the stages' cyclic garbage is small: with Python's
+    default thresholds (700, 10, 10) those walks are a noticeable part of importing sae-lens
+    and of the verdicts stage. At exit the interpreter collects once more, walking everything
+    to free memory the system reclaims anyway, which every command that loads an SAE would
+    wait for; frozen objects are exempt (they are still freed by reference counting, and
+    exit handlers run as before)."""
     gc.set_threshold(50_000, 20, 10)
     atexit.unregister(gc.freeze)  # once, however often a process calls it
     atexit.register(gc.freeze)
@@ -121,7 +119,8 @@ def auto_threads(sample_s: float = 0.3) -> int:
     minute: a finished job would still count). Elsewhere, the load average.
 
     Two threads beat one on an idle 2-core machine, but one beats two beside a busy
-    process, since every thread waits on the slowest at each operation (README, "Commands").
+    process, since every thread waits on the slowest at each operation
+    (`benchmarks/bench_threads.py`).
     """
     cores = os.cpu_count() or 1
 

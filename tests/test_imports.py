@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PIPELINES = ROOT / "pipelines"
 APART = ("report", "explorer")  # they read a run's files; they must not pull in the code that writes them
 CIRCUITS = ROOT / "circuits"
-# tables, progress and threads belong in pipelines/ (README, "Layout")
+# tables, progress and threads belong in pipelines/ (docs/index.md, "Layout of the code")
 NOT_IN_CIRCUITS = ("pandas", "tqdm", "concurrent.futures", "threading", "multiprocessing")
 
 

@@ -76,8 +76,8 @@ def analyse_layer(
     thread: their many small products run fastest on one thread, as splitting each
     operation costs more in synchronisation than it gains. The token passes run with
     `token_threads` intra-op threads (None: as the caller set them, the stage's `--threads`,
-    which counts only idle cores): their model passes gain from a second core (layer 3 of
-    the demo, two idle cores: 56 s with one thread, 40-45 s with two; the tables the same).
+    which counts only idle cores): their model passes gain from a second core, and the
+    tables are the same.
     """
     timings = {} if timings is None else timings
     at = prepare(mlp, sae_in, outputs, cfg.torch_dtype, input_site)

@@ -153,8 +153,8 @@ class LayerCache:
 
 def _stacked(blocks: list[torch.Tensor]) -> torch.Tensor:
     """Coalesced sparse row blocks `[t_i, n]` one after another `[sum t_i, n]`: already in
-    coalesced order, so marked so rather than sorted again (0.17 s per table at the demo's
-    2 million entries)."""
+    coalesced order, so marked so rather than sorted again (a sort of millions of entries
+    for nothing)."""
     table = torch.cat(blocks)
     return torch.sparse_coo_tensor(table._indices(), table._values(), table.shape, is_coalesced=True,
                                    check_invariants=False)

@@ -36,7 +36,7 @@ class GateTag:
 
     name: str  # what the report and the explorer call a tagged candidate ("negation gate")
     column: str  # the bool column of gate_verdicts it writes
-    doc: str  # one line: what a true value says (the README's tables section)
+    doc: str  # one line: what a true value says (the docs' tables reference)
     channels: tuple[str, ...]  # label channels the rule reads: without every one the corpus has no such column
     rule: Callable[[pd.DataFrame, TagFacts], np.ndarray]  # gate_verdicts rows (out_feature, label_a, label_b) -> bool each
 

@@ -123,8 +123,8 @@ class _DigestCache:
     """File digests by (path, size, inode, mtime), kept in memory and in a JSON file.
 
     New digests reach the file at most every `_WRITE_EVERY` seconds and at the interpreter's
-    exit: the file holds up to `_MAX_CACHED` digests (3.6 MB), and written once per new digest
-    it cost the verdicts stage 1.5 s of its start on a fresh run's 30 tables. A process killed
+    exit: the file holds up to `_MAX_CACHED` digests (a few MB), and written once per new digest
+    it would slow the start of a stage that reads many tables. A process killed
     before its exit loses only its last few seconds' digests: they are hashed again."""
 
     def __init__(self) -> None:

@@ -191,10 +191,9 @@ class Shards:
 
     Why: the demo's model is small (4096 x 128 x 512 products, attention over 128 tokens), and
     two intra-op threads on each of its operations wait on each other at every one; two halves
-    of the batch on a thread each do not (`pipelines.runtime.one_thread_workers`). The demo's
-    LM on two cores: 122.4 -> 95.4 s and 129.8 -> 109.4 s (`benchmarks/bench_stages.py`,
-    README "A thread per core ..."). Each shard has a copy of the weights (the demo's 1.2
-    million parameters) that `sync` refreshes after each optimiser step. Without a pool the
+    of the batch on a thread each do not (`pipelines.runtime.one_thread_workers`;
+    `benchmarks/bench_stages.py` measures the stage). Each shard has a copy of the weights
+    that `sync` refreshes after each optimiser step. Without a pool the
     model takes every row."""
 
     def __init__(self, model: HookedTransformer, n: int, pool: ThreadPoolExecutor | None):

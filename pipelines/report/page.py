@@ -74,8 +74,8 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, plan: di
 class _Pictures:
     """Draws figures (`pipelines.report.figures`) into the report folder and hands back their
     relative paths: in the calling process, or in worker processes side by side (matplotlib
-    holds the GIL, so threads would draw one at a time; the demo's 47 figures took 12 s of
-    its report's 15). Leaving the block waits for every figure and raises a worker's error."""
+    holds the GIL, so threads would draw one at a time, and drawing is most of a report's
+    time). Leaving the block waits for every figure and raises a worker's error."""
 
     def __init__(self, folder: Path, dpi: int, processes: int = 1):
         self.folder, self.dpi = folder, dpi
