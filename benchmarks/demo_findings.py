@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,6 +39,10 @@ def _node(n) -> str:
     return f"L{n.layer}.{n.kind}"
 
 
+def _tested(rows: pd.DataFrame) -> int:
+    return int((rows["gate_type"].notna() & (rows["gate_type"] != "untested")).sum())
+
+
 def findings(run: Path) -> list[tuple[str, str]]:
     """(what, figure) rows of a finished demo run."""
     rows = []
@@ -54,7 +57,7 @@ def findings(run: Path) -> list[tuple[str, str]]:
         rows.append((f"SAEs ({len(metrics)}): NMSE, dead fraction, loss added",
                      f"{metrics['nmse'].min():.3f}-{metrics['nmse'].max():.3f}, "
                      f"{metrics['dead_fraction'].min():.2f}-{metrics['dead_fraction'].max():.2f}, "
-                     f"{metrics['loss_added'].min():.1%}-{metrics['loss_added'].max():.1%}"))
+                     f"{metrics['loss_added'].min():.2%} to {metrics['loss_added'].max():.2%}"))
     lowrank = _read(run, "lowrank")
     if lowrank is not None:
         two = select(lowrank, "resid_mid", "sae")
@@ -70,12 +73,12 @@ def findings(run: Path) -> list[tuple[str, str]]:
             mine = verdicts[verdicts["kind"] == kind]
             ablated = mine[mine["drop_a"].notna()]
             rows.append((f"{name}: tested, typed `and`, ablated, confirmed as AND gates",
-                         f"{int((mine['gate_type'] != 'untested').sum())}, {int((mine['gate_type'] == 'and').sum())}, "
+                         f"{_tested(mine)}, {int((mine['gate_type'] == 'and').sum())}, "
                          f"{len(ablated)}, {int(mine['is_and'].fillna(False).astype(bool).sum())}"))
         if "negation_gate" in verdicts.columns:
             tagged = verdicts[verdicts["negation_gate"].fillna(False).astype(bool)]
             rows.append(("negation gates (tagged candidates): formed, tested, typed `and`, confirmed",
-                         f"{len(tagged)}, {int((tagged['gate_type'] != 'untested').sum())}, "
+                         f"{len(tagged)}, {_tested(tagged)}, "
                          f"{int((tagged['gate_type'] == 'and').sum())}, {int(tagged['is_and'].fillna(False).astype(bool).sum())}"))
     index = run / "graphs" / "graph-metadata.json"
     if index.is_file():

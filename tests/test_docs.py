@@ -68,3 +68,12 @@ def test_mkdocs_build_strict(tmp_path):
     assert "gate_verdicts" in tables and "causal_bound" in tables  # generated from the registry
     results = (tmp_path / "site" / "results" / "index.html").read_text(encoding="utf-8")
     assert "<!-- results:" not in results  # every results file was included
+
+
+def test_readme_findings_table_is_the_recorded_one():
+    """The README's table of what the demo finds is `benchmarks/results/demo_findings.md`'s,
+    written by `benchmarks/demo_findings.py` from a finished run, never typed by hand."""
+    recorded = (ROOT / "benchmarks" / "results" / "demo_findings.md").read_text(encoding="utf-8")
+    table = [line for line in recorded.splitlines() if line.startswith("|")]
+    section = readme().split("## What the demo finds", 1)[1].split("\n## ", 1)[0]
+    assert table and [line for line in section.splitlines() if line.startswith("|")] == table
