@@ -11,6 +11,7 @@ from circuits.config import Config, option
 from circuits.layer import CircuitConfig
 from circuits.sites import DEFAULT_SAE_SITES
 from pipelines import summary
+from pipelines.schemas import read
 from pipelines.analysis.features import FeatureConfig
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.stories import StoryConfig, generate_stories
@@ -102,7 +103,8 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     ensure(FEATURES, work, cfg.features, cfg.features.plan(run, lm, layers), runtime)
     plan = cfg.verdicts.plan(run, lm, layers)
     verdicts = ensure(VERDICTS, work, cfg.verdicts, plan, runtime)
-    summary.verdicts(verdicts, cfg.n_candidates, time.perf_counter() - start, cfg.verdicts.rules.min_cell)
+    summary.verdicts(verdicts, cfg.n_candidates, time.perf_counter() - start, cfg.verdicts.rules.min_cell,
+                     read(run.tables, "group_gates", layers))
     with runtime.torch_threads():
         print("\n".join(negation_graph(run, lm, cfg)))
     if cfg.explorer:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipelines.data.tags import present_tags, tagged
+from pipelines.data.tags import labelled, present_tags, tagged
 from pipelines.schemas import GATE_TAGS
 
 PRECISION_NAMES = {"none": "float32", "bf16": "bfloat16 autocast"}
@@ -38,9 +38,14 @@ def features(described: pd.DataFrame, tables: Path) -> None:
     print(f"{len(described)} features described in {tables / 'features'}")
 
 
-def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None, min_cell: int | None = None) -> None:
+def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None, min_cell: int | None = None,
+             groups: pd.DataFrame | None = None) -> None:
     """Each layer's best circuit candidates of each kind, then those of each gate tag the table
-    has, with how many it formed and tested (`min_cell`: the least tokens a test needs)."""
+    has, with how many it formed and tested (`min_cell`: the least tokens a test needs;
+    `groups`: the `group_gates` table, every group gate formed, ranked or not)."""
+    if groups is not None:  # the layers, input site and outputs of these verdicts
+        keys = [c for c in ("layer", "input_site", "outputs") if c in groups and c in table]
+        groups = groups.merge(table[keys].drop_duplicates(), on=keys)
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
         print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every sure `and` first, "
@@ -55,32 +60,38 @@ def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None, min_cell
         for g in best.itertuples(index=False):
             _print_candidate(g)
         for kind in ("pair", "group"):
-            print(tag_counts(tagged(table, tag), tag, kind, min_cell))
+            print(tag_counts(table, tag, kind, min_cell, groups if kind == "group" else None))
 
 
-def tag_counts(rows: pd.DataFrame, tag, kind: str, min_cell: int | None = None) -> str:
-    """One line on a gate tag's candidates of one kind (`rows`: the rows it marks): how many
-    were formed, how many tested by intervention and why the others were not, how many the
-    interventions call `and` and how many of those the model-run ablation confirms."""
-    mine = rows[rows["kind"] == kind]
+def tag_counts(table: pd.DataFrame, tag, kind: str, min_cell: int | None = None,
+               candidates: pd.DataFrame | None = None) -> str:
+    """One line on a gate tag's candidates of one kind: how many were formed with sides that
+    carry the tag's labels, how many of those were tested by intervention and why the others
+    were not, how many the tag marks, how many of these the interventions call `and` and how
+    many the model-run ablation confirms. `table` is `gate_verdicts`, which holds the ranked
+    candidates only; `candidates`, where given, every one formed (`group_gates` for groups)."""
+    ranked = labelled(table[table["kind"] == kind], tag)
+    mine = ranked if candidates is None else labelled(candidates, tag)
     layers = lambda frame: sorted({int(x) for x in frame["layer"]})  # noqa: E731
-    head = f"{tag.name}s ({kind}s): {len(mine)} formed"
+    head = f"{tag.name}s ({kind}s): {len(mine)} formed with sides labelled {' and '.join(tag.channels)}"
     if mine.empty:
         return head + "."
     untested = mine[mine["gate_type"].isna() | (mine["gate_type"] == "untested")]
-    tested = mine.drop(untested.index)
-    parts = [f"{head} in layers {layers(mine)}", f"{len(tested)} tested by intervention"]
+    parts = [f"{head} in layers {layers(mine)}", f"{len(mine) - len(untested)} tested by intervention"]
     if len(untested):
-        both = pd.to_numeric(untested["both_tokens"], errors="coerce").fillna(0)
+        both = pd.to_numeric(untested["both_tokens" if "both_tokens" in untested else "n_both"], errors="coerce")
         need = f" (--min-cell {min_cell})" if min_cell is not None else ""
         parts.append(f"{len(untested)} untested: fewer ranking tokens with both sides on and the output active "
-                     f"than a test needs{need}; at most {int(both.max())} held-out tokens had both sides on")
-    ands = tested[tested["gate_type"] == "and"]
-    ablated = tested[tested["drop_a"].notna() & tested["drop_b"].notna()]
-    confirmed = tested[tested["is_and"].fillna(False).astype(bool)]
-    parts.append(f"interventions say and for {len(ands)}" + (f" (layers {layers(ands)})" if len(ands) else ""))
-    parts.append(f"{len(ablated)} ablated in the model, {len(confirmed)} confirmed as AND gates"
-                 + (f" (layers {layers(confirmed)})" if len(confirmed) else ""))
+                     f"than a test needs{need}; at most {int(both.fillna(0).max())} held-out tokens had both sides on")
+    marked = tagged(ranked, tag)
+    parts.append(f"{len(marked)} of them {tag.name}s by the tag's rule")
+    if len(marked):
+        ands = marked[marked["gate_type"] == "and"]
+        ablated = marked[marked["drop_a"].notna() & marked["drop_b"].notna()]
+        confirmed = marked[marked["is_and"].fillna(False).astype(bool)]
+        parts.append(f"interventions say and for {len(ands)}" + (f" (layers {layers(ands)})" if len(ands) else ""))
+        parts.append(f"{len(ablated)} ablated in the model, {len(confirmed)} confirmed as AND gates"
+                     + (f" (layers {layers(confirmed)})" if len(confirmed) else ""))
     return "; ".join(parts) + "."
 
 

@@ -95,21 +95,35 @@ def test_cue_settings(tmp_path):
 
 def test_tag_counts_say_formed_tested_and_why_not():
     rows = pd.DataFrame({
-        "kind": ["group"] * 4 + ["pair"],
-        "layer": [0, 1, 1, 2, 0],
-        "gate_type": ["untested", "untested", "and", "or", "untested"],
-        "both_tokens": [3, 5, 40, 60, 0],
-        "drop_a": [np.nan, np.nan, 0.8, np.nan, np.nan],
-        "drop_b": [np.nan, np.nan, 0.7, np.nan, np.nan],
-        "is_and": [False, False, True, False, False],
+        "kind": ["group"] * 5 + ["pair"],
+        "layer": [0, 1, 1, 2, 2, 0],
+        "out_feature": [1, 2, 3, 4, 5, 6],
+        "label_a": ["negation", "negation", "context=negative", "negation", "lexicon=positive", "negation"],
+        "label_b": ["context=positive", "context=positive", "negation | lexicon=negative", "context=negative",
+                    "context=positive", "context=negative"],
+        "gate_type": ["untested", "untested", "and", "or", "and", "untested"],
+        "both_tokens": [3, 5, 40, 60, 80, 0],
+        "drop_a": [np.nan, np.nan, 0.8, np.nan, 0.9, np.nan],
+        "drop_b": [np.nan, np.nan, 0.7, np.nan, 0.9, np.nan],
+        "is_and": [False, False, True, False, True, False],
+        NEGATION_GATE.column: [True, False, True, True, False, True],
     })
     line = tag_counts(rows, NEGATION_GATE, "group", min_cell=20)
-    assert line.startswith("negation gates (groups): 4 formed in layers [0, 1, 2]; 2 tested by intervention; 2 untested")
+    # the lexicon x context row is no candidate of the tag: 4 formed, 2 tested, 2 untested and why
+    assert line.startswith("negation gates (groups): 4 formed with sides labelled negation and context in layers "
+                           "[0, 1, 2]; 2 tested by intervention; 2 untested: ")
     assert "(--min-cell 20); at most 5 held-out tokens had both sides on" in line
-    assert "interventions say and for 1 (layers [1])" in line
+    assert "3 of them negation gates by the tag's rule; interventions say and for 1 (layers [1])" in line
     assert "1 ablated in the model, 1 confirmed as AND gates (layers [1])" in line
-    assert "in layers []" not in tag_counts(rows, NEGATION_GATE, "pair")
-    assert tag_counts(rows.iloc[:0], NEGATION_GATE, "pair") == "negation gates (pairs): 0 formed."
+    pairs = tag_counts(rows, NEGATION_GATE, "pair")
+    assert "in layers []" not in pairs and "1 untested" in pairs and "at most 0 held-out tokens" in pairs
+    # gate_verdicts holds the ranked candidates only: every group gate formed comes from group_gates
+    formed = rows[rows["kind"] == "group"].drop(columns=["both_tokens"]).assign(n_both=[3, 5, 40, 60, 80])
+    extra = formed.iloc[:1].assign(out_feature=9, gate_type="untested", n_both=7)
+    line = tag_counts(rows, NEGATION_GATE, "group", 20, pd.concat([formed, extra]))
+    assert "5 formed" in line and "3 untested" in line and "at most 7 held-out tokens" in line
+    assert tag_counts(rows.iloc[:0], NEGATION_GATE, "pair") == \
+        "negation gates (pairs): 0 formed with sides labelled negation and context."
 
 
 @pytest.mark.slow
@@ -144,8 +158,9 @@ def test_negation_gate_tag_on_the_king_james_bible(tmp_path):
     assert len(formed) > 0, "no negation x context group gate formed"
     verdicts = pd.read_parquet(out / "tables" / "gate_verdicts")
     assert NEGATION_GATE.column in verdicts.columns
-    tagged = verdicts[verdicts[NEGATION_GATE.column].fillna(False).astype(bool)]
     text = printed.getvalue()
-    for kind in ("pair", "group"):
-        assert tag_counts(tagged, NEGATION_GATE, kind, 5) in text
-    assert "in layers []" not in text
+    assert tag_counts(verdicts, NEGATION_GATE, "pair", 5) in text
+    groups_line = tag_counts(verdicts, NEGATION_GATE, "group", 5, groups)
+    assert groups_line in text
+    assert f"negation gates (groups): {len(formed)} formed with sides labelled negation and context" in groups_line
+    assert "tested by intervention" in groups_line and "in layers []" not in text

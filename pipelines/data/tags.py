@@ -46,6 +46,17 @@ def side_labels(label) -> list[str]:
     return label.split(LABEL_JOIN) if isinstance(label, str) else []
 
 
+def labelled(rows: pd.DataFrame, tag: GateTag) -> pd.DataFrame:
+    """The gate rows whose sides carry the label channels the tag reads, each side some of them
+    and both together all: the candidates its rule looks at."""
+    def fits(a, b) -> bool:
+        sides = [{c.partition("=")[0] for c in side_labels(x)} & set(tag.channels) for x in (a, b)]
+        return all(sides) and sides[0] | sides[1] == set(tag.channels)
+
+    keep = [fits(a, b) for a, b in zip(rows["label_a"], rows["label_b"])]
+    return rows[np.array(keep, dtype=bool)] if len(rows) else rows
+
+
 def tags_of(labels: pd.DataFrame | None, known: tuple[GateTag, ...]) -> tuple[GateTag, ...]:
     """The tags of `known` that a run's feature labels let speak: those carry every channel
     the tag reads."""

@@ -81,7 +81,8 @@ def _read_digests(run: RunPaths, plan: LayerPlan) -> dict[str, str]:
 
 
 def _show(args, run: RunPaths, plan: Plan, verdicts: pd.DataFrame) -> None:
-    summary.verdicts(verdicts, args.show, min_cell=getattr(args, "VerdictConfig.min_cell"))
+    summary.verdicts(verdicts, args.show, min_cell=getattr(args, "VerdictConfig.min_cell"),
+                     groups=schemas.read(run.tables, "group_gates", list(plan)))
     print(f"verdicts of layers {list(plan)} in {run.tables / 'gate_verdicts'}")
 
 
