@@ -79,10 +79,13 @@ def tag_counts(table: pd.DataFrame, tag, kind: str, min_cell: int | None = None,
     untested = mine[mine["gate_type"].isna() | (mine["gate_type"] == "untested")]
     parts = [f"{head} in layers {layers(mine)}", f"{len(mine) - len(untested)} tested by intervention"]
     if len(untested):
-        both = pd.to_numeric(untested["both_tokens" if "both_tokens" in untested else "n_both"], errors="coerce")
         need = f" (--min-cell {min_cell})" if min_cell is not None else ""
+        # the ranking tokens a test found (group_gates), else the held-out tokens with both sides on
+        column, what = (("iv_tokens", "such tokens") if "iv_tokens" in untested else
+                        ("both_tokens", "held-out tokens had both sides on"))
+        most = int(pd.to_numeric(untested[column], errors="coerce").fillna(0).max())
         parts.append(f"{len(untested)} untested: fewer ranking tokens with both sides on and the output active "
-                     f"than a test needs{need}; at most {int(both.fillna(0).max())} held-out tokens had both sides on")
+                     f"than a test needs{need}; at most {most} {what}")
     marked = tagged(ranked, tag)
     parts.append(f"{len(marked)} of them {tag.name}s by the tag's rule")
     if len(marked):

@@ -118,10 +118,10 @@ def test_tag_counts_say_formed_tested_and_why_not():
     pairs = tag_counts(rows, NEGATION_GATE, "pair")
     assert "in layers []" not in pairs and "1 untested" in pairs and "at most 0 held-out tokens" in pairs
     # gate_verdicts holds the ranked candidates only: every group gate formed comes from group_gates
-    formed = rows[rows["kind"] == "group"].drop(columns=["both_tokens"]).assign(n_both=[3, 5, 40, 60, 80])
-    extra = formed.iloc[:1].assign(out_feature=9, gate_type="untested", n_both=7)
+    formed = rows[rows["kind"] == "group"].drop(columns=["both_tokens"]).assign(iv_tokens=[3, 5, 40, 60, 80])
+    extra = formed.iloc[:1].assign(out_feature=9, gate_type="untested", iv_tokens=7)
     line = tag_counts(rows, NEGATION_GATE, "group", 20, pd.concat([formed, extra]))
-    assert "5 formed" in line and "3 untested" in line and "at most 7 held-out tokens" in line
+    assert "5 formed" in line and "3 untested" in line and "(--min-cell 20); at most 7 such tokens" in line
     assert tag_counts(rows.iloc[:0], NEGATION_GATE, "pair") == \
         "negation gates (pairs): 0 formed with sides labelled negation and context."
 
