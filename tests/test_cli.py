@@ -415,3 +415,24 @@ def test_demo_small_prints_only_ablated_candidates(demo):
         if not (done and pd.notna(row["drop_a"]) and pd.notna(row["drop_b"])) and not no_tokens:
             unablated.append((c["kind"], c["layer"], c["circuit_rank"], row["verdict"]))
     assert not unablated
+
+
+def test_verdicts_confirmation_share_and_screening_sample_at_their_edges(run, tmp_path, capsys):
+    """Issue 51 items 10 and 14: `--confirm-share 0` runs with no model-run confirmation and
+    says so in each verdict; 1 (no ranking token left) and an `--iv-tokens` under `--min-cell`
+    (nothing could be ranked) are refused at once, naming the flags and the range."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    base = ["verdicts", "--out", str(copy), "--threads", "1", "--layers", "0", *VERDICTS]
+    capsys.readouterr()
+    for flags, words in ((["--confirm-share", "1"], ("confirm_share must be from 0 to below 1",)),
+                         (["--iv-tokens", "4"], ("--iv-tokens (4)", "--min-cell (5)"))):
+        assert main([*base, *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error:") and all(w in err for w in words) and "\n" not in err, err
+    for share in ("0", "1e-9"):
+        assert main([*base, "--confirm-share", share]) == 0
+        verdicts = pd.read_parquet(copy / "tables" / "gate_verdicts")
+        assert len(verdicts) and verdicts["ablation_tokens"].isna().all()
+        chosen = verdicts[verdicts["verdict"].str.contains("no confirmation token")]
+        assert len(chosen) >= 2, verdicts["verdict"].tolist()
