@@ -200,7 +200,7 @@ def cmd_train_saes(args: argparse.Namespace) -> None:
     job = job_from(args, SAEJob)
     ctx = _Context(args)
     metrics = ensure_saes(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
-    summary.sae_metrics(metrics)
+    summary.sae_metrics(metrics, job.dead_warning)
     print(f"SAEs in {ctx.run.saes}; metrics in {ctx.run.tables / 'sae_metrics'}")
 
 
