@@ -314,7 +314,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("label_a, label_b", STR, "each side's label class, if any"),
         col("gate_score, contribution_share, coactivation, and_data", FLOAT, "as in gates and group_gates"),
         col("both_tokens, apart_tokens", INT, "held-out tokens with both sides on; the fewer of those with one side on "
-            "alone (null for a pair whose truth table was not measured: one not in gates)"),
+            "alone"),
         col("same_top_token", BOOL, "`pair`: the inputs have the same features.top_token"),
         col("input_cosine, coactivation_lift", FLOAT, "`pair`: as in gates"),
         col("split_pair", BOOL, "one concept split over two latents (`circuits.gates.ranking`)"),
@@ -329,8 +329,8 @@ TABLES: dict[str, Table] = {t.name: t for t in (
             "share of the output's quadratic form on those tokens from side A's part of the MLP input, side B's, the "
             "other inputs', b_dec's and the SAE's reconstruction error (they add up to 1)"),
         col("truth, verdict", STR, "what the truth table says; the verdict"),
-        col("truth_and, is_and", BOOL, "the truth table says AND (null where not measured); the candidate behaves as "
-            "an AND gate (an `and` by intervention that the model run confirms)"),
+        col("truth_and, is_and", BOOL, "the truth table says AND; the candidate behaves as an AND gate (an `and` "
+            "by intervention that the model run confirms)"),
         col("out_description, a_description, b_description", STR, "the features' descriptions"),
     ), optional=tuple(_tag_column(tag) for tag in GATE_TAGS)),
     Table("graph_nodes", "graph", "a node of a prompt's attribution graph (all nodes, pruned or not)", circuit=False,

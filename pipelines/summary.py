@@ -96,7 +96,8 @@ def _print_candidate(g) -> None:
     split = ", a split pair" if g.split_pair else ""
     print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: {g.gate_type}, "
           f"causal_score {g.causal_score:.3f}, bound {g.causal_bound:.3f} (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both "
-          f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score {g.gate_score:.3f}{split})")
+          f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score "
+          f"{'not measured' if pd.isna(g.gate_score) else f'{g.gate_score:.3f}'}{split})")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
                       if pd.notna(getattr(g, "drop_" + k)))
     print(f"      verdict: {g.verdict}{'; ' + drops if drops else ''}")

@@ -302,7 +302,7 @@ def test_a_retest_must_read_more_tokens_than_the_screening():
     assert VerdictConfig(iv_tokens=64, retest_tokens=64, shortlist=0).shortlist == 0
 
 
-def test_a_pair_without_a_truth_table_says_not_measured():
+def test_a_pair_without_a_truth_table_says_not_measured(capsys):
     """Issue 51 item 20: a pair tested because of its cross term (from `interactions`, not a
     candidate of `gates`) has no truth table; its row must not claim 0 tokens with both
     inputs on beside interventions and a model run that found it an AND."""
@@ -319,6 +319,11 @@ def test_a_pair_without_a_truth_table_says_not_measured():
     assert v["is_and"] and v["circuit_rank"] == 1 and v["ablation_tokens"] == 50
     assert "not measured" in v["truth"] and "too few" not in v["truth"], v["truth"]
     assert pd.isna(v["both_tokens"]) and pd.isna(v["apart_tokens"]) and pd.isna(v["truth_and"])
+    from pipelines import summary
+
+    summary.verdicts(v.to_frame().T.reset_index(names="out_feature"), 1)
+    printed = capsys.readouterr().out
+    assert "gate_score not measured" in printed and "nan" not in printed, printed
     # a pair of `gates` seen on no token with both inputs on was measured: 0 is its count
     measured = verdict_of([gate(7, 1, 6, 0.3, gate_type="and", n_both=0.0, gate_score=np.nan, and_data=np.nan)],
                           ablation_rows({"out_feature": 7, "in_a": 1, "in_b": 6}, 0.9, 0.8))
