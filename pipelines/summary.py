@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipelines.analysis.verdicts import ranking_rule
 from pipelines.data.tags import present_tags, tagged
 from pipelines.schemas import GATE_TAGS, read, select
 
@@ -63,10 +64,10 @@ def features(described: pd.DataFrame, tables: Path) -> None:
 def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
     """Each layer's best circuit candidates of each kind, then those of each gate tag the table has."""
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
+    print(f"\nThe circuit ranking (circuits.gates.ranking): {ranking_rule(first_sentence=True)}")
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
-        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every sure `and` first, "
-              f"then by causal_bound, the causal score less its sampling error; split ones last; confirmed by ablation on "
-              f"tokens the ranking never read){when}:")
+        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (the best confirmed by ablation on tokens "
+              f"the ranking never read){when}:")
         for g in top(table, kind, n).itertuples(index=False):
             _print_candidate(g)
     for tag in present_tags(table, GATE_TAGS):

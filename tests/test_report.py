@@ -241,7 +241,7 @@ def test_cards_show_each_layers_best_candidates(run, page):
 def test_the_ranking_is_described_by_the_rule_where_it_lives(page):
     """Issue 51 item 24: the page states the ranking as `circuits.gates.ranking` does, and no
     older description of it."""
-    from pipelines.report.page import ranking_rule
+    from pipelines.analysis.verdicts import ranking_rule
 
     text = " ".join(re.sub(r"</?code>", "`", page[1]).split()).replace("&#39;", "'").replace("&#34;", '"')
     rule = ranking_rule()

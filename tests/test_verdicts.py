@@ -345,3 +345,17 @@ def test_a_confirmation_share_leaving_no_ranking_token_is_refused_with_the_range
     with pytest.raises(ValueError, match=r"confirm_share must be .*0.* below 1"):
         VerdictConfig(confirm_share=share)
     assert VerdictConfig(confirm_share=0.0).confirm_share == 0.0
+
+
+def test_the_printed_ranking_is_the_rule_where_it_lives(capsys):
+    """Issue 51 item 24: the commands' summary describes the ranking in the words of
+    `circuits.gates.ranking`, not a copy of its own."""
+    import circuits.gates.ranking as home
+    from pipelines import summary
+    from pipelines.analysis.verdicts import ranking_rule
+
+    summary.verdicts(pd.DataFrame(columns=["layer", "kind", "circuit_rank"]), 1)
+    out = " ".join(capsys.readouterr().out.split())
+    first = ranking_rule(first_sentence=True)
+    assert first.startswith("Candidates are ordered by cause") and first.endswith(".") and first in out
+    assert first in " ".join(home.__doc__.split())

@@ -39,6 +39,7 @@ add their column.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ import pandas as pd
 
 from circuits.config import Config, option, seed_option
 from circuits.gates.groups import MAX_MEMBERS
+from circuits.gates import ranking
 from circuits.gates.ranking import circuit_ranks, is_split, split_evidence
 from circuits.sites import OUTPUT_SITE
 from pipelines.data.tags import LABEL_JOIN, GateTag, TagFacts
@@ -133,6 +135,17 @@ class VerdictConfig(Config):
         if self.shortlist and self.retest_tokens <= self.iv_tokens:
             raise ValueError(f"VerdictConfig.retest_tokens ({self.retest_tokens}) must exceed iv_tokens "
                              f"({self.iv_tokens}): a retest reads more tokens than the screening (or set shortlist 0)")
+
+
+def ranking_rule(first_sentence: bool = False) -> str:
+    """The circuit ranking as its home states it: the paragraph of `circuits.gates.ranking`'s
+    docstring headed "Ranking.", one line (or its first sentence), so what the report and the
+    commands say follows the rule wherever it changes."""
+    for paragraph in re.split(r"\n\s*\n", ranking.__doc__ or ""):
+        if paragraph.strip().startswith("Ranking."):
+            text = " ".join(paragraph.split()[1:])
+            return text.split(". ")[0] + "." if first_sentence else text
+    raise LookupError("circuits.gates.ranking's docstring has no paragraph headed 'Ranking.' for readers")
 
 
 # ------------------------------------------------------------------ features of inputs

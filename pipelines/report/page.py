@@ -21,9 +21,9 @@ from markupsafe import Markup, escape
 import pandas as pd
 from tqdm.auto import tqdm
 
-from circuits.gates import ranking
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines import summary
+from pipelines.analysis.verdicts import ranking_rule
 from pipelines.data.tags import tagged
 from pipelines.engine.files import atomic_dir, read_json
 from pipelines.engine.paths import INDEX, RunPaths
@@ -106,15 +106,6 @@ class _Pictures:
         else:
             self.pending.append(self.pool.submit(figures.save, self.folder / name, self.dpi, figure, *args))
         return name
-
-
-def ranking_rule() -> str:
-    """The circuit ranking as its home states it: the paragraph of `circuits.gates.ranking`'s
-    docstring headed "Ranking.", one line, so the page follows the rule wherever it changes."""
-    for paragraph in re.split(r"\n\s*\n", ranking.__doc__ or ""):
-        if paragraph.strip().startswith("Ranking."):
-            return " ".join(paragraph.split()[1:])
-    raise LookupError("circuits.gates.ranking's docstring has no paragraph headed 'Ranking.' for the report")
 
 
 def _code_spans(text: str) -> Markup:
