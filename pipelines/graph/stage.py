@@ -29,8 +29,10 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
             check_features_describe(run, mine)
     if cfg.target is not None:  # a bad target is a usage error before any work
         target_id(cfg.target, inputs.tokenizer)
-    for i, prompt in enumerate(prompts):
-        encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, where[i] if where else "--prompt")
+    if where is None:
+        where = ["--prompt"] if len(prompts) == 1 else [f"prompt {i} of {len(prompts)}" for i in range(1, len(prompts) + 1)]
+    for prompt, source in zip(prompts, where):
+        encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, source)
     model = float64_model(inputs)
     features = read(run.tables, "features")
     done, taken = [], set()
