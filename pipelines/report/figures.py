@@ -111,8 +111,10 @@ def attribution_graph(x: np.ndarray, y: np.ndarray, kinds: list[str], edges: np.
     side (`spread`), each named by its `labels` entry (a latent's number, a logit's token; ""
     for none), edges `[E, 2]` (source, target indices into the nodes) drawn by |weight| (red
     positive, blue negative), the strongest path in black."""
+    crowd = int(np.unique(np.stack([x, y], 1), axis=0, return_counts=True)[1].max()) if len(x) else 1
     x = spread(x, y)
-    fig = Figure(figsize=(max(6.0, 0.45 * len(tokens)), 5), layout="constrained")
+    # room for the most nodes side by side at one point, their labels a few points apart
+    fig = Figure(figsize=(min(40.0, max(6.0, (len(tokens) + 1) * max(0.45, 0.13 * crowd))), 5), layout="constrained")
     ax = fig.add_subplot()
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     scale = float(np.abs(weights).max()) if len(weights) else 1.0
