@@ -432,7 +432,8 @@ def test_verdicts_confirmation_share_and_screening_sample_at_their_edges(run, tm
         assert err.startswith("error:") and all(w in err for w in words) and "\n" not in err, err
     for share in ("0", "1e-9"):
         assert main([*base, "--confirm-share", share]) == 0
-        verdicts = pd.read_parquet(copy / "tables" / "gate_verdicts").query("layer == 0")
+        # this run's part (other tests of the module add layer 0 verdicts read at mlp_in)
+        verdicts = pd.read_parquet(copy / "tables" / "gate_verdicts").query("layer == 0 and input_site == 'resid_mid'")
         assert len(verdicts) and verdicts["ablation_tokens"].isna().all()
         chosen = verdicts[verdicts["verdict"].str.contains("no confirmation token")]
         assert len(chosen) >= 2, verdicts["verdict"].tolist()
