@@ -19,6 +19,7 @@ are those of `z'^T Qt z'` (see `circuits.sae_basis`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -227,7 +228,13 @@ def csr(dense: torch.Tensor, row: torch.Tensor, col: torch.Tensor, values: torch
     (row-major, as `nonzero` gives them); `values [p]` replaces the entries when given."""
     counts = torch.bincount(row, minlength=dense.shape[0])
     crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return torch.sparse_csr_tensor(crow, col, dense[row, col] if values is None else values, dense.shape)
+    with warnings.catch_warnings():
+        # torch warns on every construction that CSR support is in beta and that it skips invariant
+        # checks: the indices here come from `nonzero`, valid by construction, and the products
+        # used (transpose, times a dense matrix) are tested against the dense ones
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state", category=UserWarning)
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled", category=UserWarning)
+        return torch.sparse_csr_tensor(crow, col, dense[row, col] if values is None else values, dense.shape)
 
 
 def encoder_offset(mlp: MLPWeights, sae_out: SAEWeights, device: torch.device) -> torch.Tensor:

@@ -200,7 +200,7 @@ def cmd_train_saes(args: argparse.Namespace) -> None:
     job = job_from(args, SAEJob)
     ctx = _Context(args)
     metrics = ensure_saes(ctx.work(), job=job, layers=ctx.layers, runtime=ctx.runtime)
-    summary.sae_metrics(metrics)
+    summary.sae_metrics(metrics, job.dead_warning)
     print(f"SAEs in {ctx.run.saes}; metrics in {ctx.run.tables / 'sae_metrics'}")
 
 
@@ -257,11 +257,11 @@ def cmd_graph(args: argparse.Namespace) -> None:
     run = RunPaths(args.out)
     if args.prompt is not None or args.prompts is not None or not args.serve:
         job = job_from(args, GraphJob)
-        prompts = read_prompts(args.prompt, args.prompts)
+        prompts, where = read_prompts(args.prompt, args.prompts)
         runtime = _runtime(args)
         inputs = ModelInputs(Path(args.model or run.lm), runtime.device)
         with runtime.torch_threads():
-            graphs = make_graphs(run, inputs, job, prompts, args.layer)
+            graphs = make_graphs(run, inputs, job, prompts, args.layer, where=where)
         for pg in graphs:
             print("\n".join(describe(pg)))
         print(f"graphs in {run.graphs}; tables graph_nodes, graph_edges, graph_and_edges in {run.tables}")
@@ -396,8 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, default=None, help="model folder in our format (default: OUT/lm)")
     p.add_argument("--prompt", default=None, help="the text to attribute (after BOS)")
     p.add_argument("--prompts", type=Path, default=None, help="a text file of prompts, one per line")
-    p.add_argument("--layer", type=int, default=None, help="the layer of --sae-in and --sae-out (other layers' MLPs "
-                                                            "are then error nodes)")
+    p.add_argument("--layer", type=int, default=None, help="the one layer whose SAEs are nodes: that of --sae-in and "
+                                                            "--sae-out, or the run's own (other layers' MLPs are then "
+                                                            "error nodes; default: every layer with SAEs)")
     p.add_argument("--serve", action="store_true", help="serve OUT/graphs in circuit-tracer's viewer on 127.0.0.1 "
                                                          "(after building any prompts given)")
     p.add_argument("--port", type=int, default=8032, help="port of --serve (default: %(default)s)")

@@ -98,7 +98,7 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     lm = ModelInputs(run.lm, runtime.device)
     work = StageInputs(run, lm, ensure_tokens(run, str(corpus), lm.tokenizer, lm.config.n_ctx, lm_job.corpus))
     layers = list(range(lm.config.n_layers))
-    summary.sae_metrics(ensure_saes(work, job=cfg.saes, layers=layers, runtime=runtime))
+    summary.sae_metrics(ensure_saes(work, job=cfg.saes, layers=layers, runtime=runtime), cfg.saes.dead_warning)
     ensure(CIRCUITS, work, cfg.circuits, cfg.circuits.plan(run, lm, layers), runtime)
     ensure(FEATURES, work, cfg.features, cfg.features.plan(run, lm, layers), runtime)
     plan = cfg.verdicts.plan(run, lm, layers)

@@ -287,20 +287,40 @@ def check_tables_match(run: RunPaths, plan: LayerPlan, features: bool = False) -
         now["outputs"] = digest(plan.sae_out)
     changed = [name for name, value in now.items() if recorded is not None and recorded["inputs"].get(name) != value]
     if features and recorded is not None:  # without circuit tables the stage says to run `circuits`
-        for site, name in ((plan.input_site, "sae_in"), (OUTPUT_SITE, "outputs")):
-            path = table_path(run.tables, "features", plan.layer, site)
-            if not path.is_file():
+        for site, folder in ((plan.input_site, plan.sae_in), (OUTPUT_SITE, plan.sae_out)):
+            described = features_describe(run, plan.layer, site, folder)
+            if described is None:
                 raise FileNotFoundError(f"layer {plan.layer}: no features table of the {site} SAE in {run.tables}: "
                                         "run `features` first (the verdicts read the features' labels and boosted "
                                         "words)")
-            found = provenance(path)  # a table written by hand records none: nothing to compare
-            if found is not None and found["inputs"].get("sae") != now.get(name):
+            if not described:
                 changed.append(f"features of {site}")
     if changed:
         raise ValueError(f"the layer {plan.layer} tables in {run.tables} were computed with other SAEs than "
                          f"{', '.join(str(p) for p in (plan.sae_in, plan.sae_out) if p)} ({', '.join(changed)} "
                          "differ); rerun `circuits` and `features` with these SAEs or pass the ones the tables were "
                          "computed with")
+
+
+def features_describe(run: RunPaths, layer: int, site: str, folder: Path | None) -> bool | None:
+    """Whether the run's features table of (layer, site) describes the SAE in `folder` (by the
+    SAE digest its provenance records; a table written by hand records none and is taken as
+    it is); None when there is no such table."""
+    path = table_path(run.tables, "features", layer, site)
+    if not path.is_file():
+        return None
+    found = provenance(path)
+    return found is None or (folder is not None and found["inputs"].get("sae") == digest(folder))
+
+
+def check_features_describe(run: RunPaths, plan: LayerPlan) -> None:
+    """Refuse to label a layer's latents from a features table of other SAEs than the plan's
+    (their descriptions would name other latents); a missing table is no error (no labels)."""
+    for site, folder in ((plan.input_site, plan.sae_in), (OUTPUT_SITE, plan.sae_out)):
+        if features_describe(run, plan.layer, site, folder) is False:
+            raise ValueError(f"the layer {plan.layer} {site} features table in {run.tables} describes another SAE "
+                             f"than {folder}, so its labels would name other latents: rerun `features` with these "
+                             "SAEs, or pass the ones it describes")
 
 
 RUN_RELATIVE = "@run/"  # a recorded path inside the model's run directory: it moves with the run

@@ -42,6 +42,8 @@ class SAEJob(Config):
 
     sites: tuple[str, ...] = option(DEFAULT_SAE_SITES, f"sites to train SAEs on: {', '.join(SITES)}")
     sae: SAETrainConfig = option(doc="each SAE's recipe", factory=SAETrainConfig)
+    dead_warning: float = option(0.1, "warn when an SAE's dead fraction (latents that never fire on the evaluation "
+                                      "tokens) is above this", low=0.0, high=1.0, runtime=True)
 
     def check(self) -> None:
         _check_sites(self.sites, SITES)

@@ -42,10 +42,13 @@ class Runtime(Config):
         threads = self.threads
         if not threads:
             # on Ray each worker gets its share of the cores that are free here
-            threads = max(1, auto_threads() // (self.workers if self.ray else 1))
-            if announce:
-                # the thread count changes torch's CPU sums in the last bits: say it, to repeat a run
-                print(f"{threads} torch thread(s): the cores not busy now (--threads N to fix)", file=sys.stderr)
+            share = self.workers if self.ray else 1
+            cores = os.cpu_count() or 1
+            threads = max(1, auto_threads() // share)
+            if announce and threads < max(1, cores // share):
+                # the thread count changes torch's CPU sums in the last bits: a rerun on an idle machine may differ
+                print(f"{threads} torch thread(s) of {cores} cores: the others are busy now (it changes float sums in "
+                      "their last bits; --threads N to fix)", file=sys.stderr)
         device = self.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"

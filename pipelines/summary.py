@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
 
+from pipelines.analysis.verdicts import ranking_rule
 from pipelines.data.tags import labelled, present_tags, tagged
-from pipelines.schemas import GATE_TAGS
+from pipelines.schemas import GATE_TAGS, read, select
 
 PRECISION_NAMES = {"none": "float32", "bf16": "bfloat16 autocast"}
 METRIC_COLUMNS = ["layer", "site", "d_sae", "k", "nmse", "l0", "dead_fraction", "loss_added"]
@@ -24,14 +26,35 @@ def lm(summary: dict) -> None:
               f"after a negation {summary['negated_accuracy']:.1%}")
 
 
-def sae_metrics(metrics: pd.DataFrame) -> None:
-    """One line per SAE: its size and quality."""
+def sae_metrics(metrics: pd.DataFrame, dead_warning: float | None = None) -> None:
+    """One line per SAE: its size and quality; a warning for each whose dead fraction is above
+    `dead_warning` (`SAEJob.dead_warning`)."""
     print(metrics[METRIC_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if dead_warning is None:
+        return
+    for r in metrics[metrics["dead_fraction"] > dead_warning].itertuples(index=False):
+        print(f"warning: the layer {r.layer} {r.site} SAE has {r.dead_fraction:.0%} dead latents (never active on the "
+              f"evaluation tokens; above --dead-warning {dead_warning:g}): train on more tokens, or with a larger "
+              "--aux-k-coefficient or a smaller --expansion", file=sys.stderr)
 
 
-def circuits(done: list[str], layers: list[int], tables: Path) -> None:
+CORRELATION_RANK = 2  # the rank whose active-only correlations `circuits` quotes per layer (the report's default)
+
+
+def circuits(done: list[str], layers: list[int], tables: Path, input_site: str) -> None:
+    """Where the tables are, and per layer the median active-only correlation of the output
+    SAE's features with their rank-`CORRELATION_RANK` approximation and how many have none."""
     print(f"circuit tables for layers {layers} in {tables} "
           f"(computed now: {', '.join(done) if done else 'none, all up to date'})")
+    lowrank = select(read(tables, "lowrank", layers), input_site)
+    if lowrank is None or lowrank.empty:
+        return
+    rank = min(CORRELATION_RANK, int(lowrank["n_eigs"].max()))
+    for layer, mine in lowrank[lowrank["n_eigs"] == rank].groupby("layer"):
+        corr, none = mine["corr_active"], int(mine["corr_active"].isna().sum())
+        median = f"{corr.median():.3f}" if corr.notna().any() else "none"
+        print(f"  layer {layer}: median rank-{rank} correlation {median} over {len(mine) - none} output features; "
+              f"{none} of {len(mine)} have none (too few active tokens, see --min-active, or no variance)")
 
 
 def features(described: pd.DataFrame, tables: Path) -> None:
@@ -47,10 +70,10 @@ def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None, min_cell
         keys = [c for c in ("layer", "input_site", "outputs") if c in groups and c in table]
         groups = groups.merge(table[keys].drop_duplicates(), on=keys)
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
+    print(f"\nThe circuit ranking (circuits.gates.ranking): {ranking_rule(first_sentence=True)}")
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
-        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every sure `and` first, "
-              f"then by causal_bound, the causal score less its sampling error; split ones last; confirmed by ablation on "
-              f"tokens the ranking never read){when}:")
+        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (the best confirmed by ablation on tokens "
+              f"the ranking never read){when}:")
         for g in top(table, kind, n).itertuples(index=False):
             _print_candidate(g)
     for tag in present_tags(table, GATE_TAGS):
@@ -112,7 +135,8 @@ def _print_candidate(g) -> None:
     split = ", a split pair" if g.split_pair else ""
     print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: {g.gate_type}, "
           f"causal_score {g.causal_score:.3f}, bound {g.causal_bound:.3f} (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both "
-          f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score {g.gate_score:.3f}{split})")
+          f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score "
+          f"{'not measured' if pd.isna(g.gate_score) else f'{g.gate_score:.3f}'}{split})")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
                       if pd.notna(getattr(g, "drop_" + k)))
     print(f"      verdict: {g.verdict}{'; ' + drops if drops else ''}")

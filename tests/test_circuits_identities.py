@@ -310,3 +310,21 @@ def test_from_hooked_transformer_refuses_non_bilinear_models():
     )
     with pytest.raises(ValueError, match="not a bilinear MLP"):
         from_hooked_transformer(HookedTransformer(cfg, move_to_device=False), 0)
+
+
+def test_the_sparse_product_of_outputs_and_inputs_warns_nothing():
+    """Issue 51 item 17: `circuits` printed torch's two warnings about sparse CSR tensors (beta
+    support, invariant checks off) on every run; the product itself is the dense one."""
+    import warnings
+
+    from circuits.layer import csr
+
+    g = torch.Generator().manual_seed(0)
+    dense = torch.randn(6, 5, generator=g) * (torch.rand(6, 5, generator=g) < 0.4)
+    other = torch.randn(6, 3, generator=g)
+    row, col = dense.nonzero(as_tuple=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        product = csr(dense, row, col).t() @ other
+    assert [str(w.message) for w in caught] == []
+    torch.testing.assert_close(product, dense.T @ other)

@@ -415,3 +415,76 @@ def test_demo_small_prints_only_ablated_candidates(demo):
         if not (done and pd.notna(row["drop_a"]) and pd.notna(row["drop_b"])) and not no_tokens:
             unablated.append((c["kind"], c["layer"], c["circuit_rank"], row["verdict"]))
     assert not unablated
+
+
+def test_verdicts_confirmation_share_and_screening_sample_at_their_edges(run, tmp_path, capsys):
+    """Issue 51 items 10 and 14: `--confirm-share 0` runs with no model-run confirmation and
+    says so in each verdict; 1 (no ranking token left) and an `--iv-tokens` under `--min-cell`
+    (nothing could be ranked) are refused at once, naming the flags and the range."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    base = ["verdicts", "--out", str(copy), "--threads", "1", "--layers", "0", *VERDICTS]
+    capsys.readouterr()
+    for flags, words in ((["--confirm-share", "1"], ("confirm_share must be from 0 to below 1",)),
+                         (["--iv-tokens", "4"], ("--iv-tokens (4)", "--min-cell (5)"))):
+        assert main([*base, *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error:") and all(w in err for w in words) and "\n" not in err, err
+    for share in ("0", "1e-9"):
+        assert main([*base, "--confirm-share", share]) == 0
+        # this run's part (other tests of the module add layer 0 verdicts read at mlp_in)
+        verdicts = pd.read_parquet(copy / "tables" / "gate_verdicts").query("layer == 0 and input_site == 'resid_mid'")
+        assert len(verdicts) and verdicts["ablation_tokens"].isna().all()
+        chosen = verdicts[verdicts["verdict"].str.contains("no confirmation token")]
+        assert len(chosen) >= 2, verdicts["verdict"].tolist()
+
+
+def test_stages_say_when_the_held_out_split_has_fewer_rows_than_asked(run, tmp_path, capsys):
+    """Issue 51 item 16: a stage asked for more held-out rows than the split has reads them all
+    and said nothing; it says so once, and how to get more."""
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    base = ["--out", str(copy), "--threads", "1", "--layers", "0"]
+    capsys.readouterr()
+    for argv, flag in ((["circuits", *base, *CIRCUITS, "--corr-rows", "100000"], "--corr-rows"),
+                       (["features", *base, "--rows", "100000"], "--rows")):
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert err.count("the held-out split has") == 1, err
+        assert f"fewer than the 100000 that {flag} asks for" in err and "--held-out" in err, err
+    assert main(["circuits", *base, *CIRCUITS]) == 0  # the fixture's 64 rows: there are enough
+    assert "the held-out split has" not in capsys.readouterr().err
+
+
+def test_circuits_ends_with_each_layers_median_correlation_and_the_features_without_one(tmp_path, capsys):
+    """Issue 51 item 18: `circuits` ended with the tables' path only; 287 of 512 outputs of one
+    layer without a correlation showed only in the report."""
+    from pipelines import schemas, summary
+
+    rows = [{"layer": layer, "outputs": "sae", "input_site": "resid_mid", "out_feature": f, "n_eigs": r,
+             "n_active": 9, "corr_active": corr[f] if r == 2 else 0.99}
+            for layer, corr in ((0, [0.1, 0.5, 0.2, np.nan]), (1, [np.nan, np.nan, 0.8, 0.4]))
+            for f in range(4) for r in (1, 2, 3)]
+    frame = pd.DataFrame(rows)
+    for layer in (0, 1):
+        schemas.write(frame[frame["layer"] == layer], tmp_path, "lowrank", layer, part="resid_mid-sae")
+    summary.circuits([], [0, 1], tmp_path, "resid_mid")
+    out = capsys.readouterr().out
+    assert "layer 0: median rank-2 correlation 0.200 over 3 output features; 1 of 4 have none" in out, out
+    assert "layer 1: median rank-2 correlation 0.600 over 2 output features; 2 of 4 have none" in out, out
+
+
+def test_sae_metrics_warn_of_many_dead_latents(capsys):
+    """Issue 51 item 18: dead fractions of 0.20-0.46 printed without a word."""
+    from pipelines import summary
+    from pipelines.jobs import SAEJob
+
+    metrics = pd.DataFrame([{"layer": 0, "site": site, "d_sae": 128, "k": 4, "nmse": 0.1, "l0": 4.0,
+                             "dead_fraction": dead, "loss_added": 0.01}
+                            for site, dead in (("resid_mid", 0.46), ("mlp_out", 0.05))])
+    summary.sae_metrics(metrics, SAEJob().dead_warning)
+    err = capsys.readouterr().err
+    assert "layer 0 resid_mid SAE has 46% dead latents" in err and "--dead-warning 0.1" in err
+    assert "mlp_out" not in err
+    summary.sae_metrics(metrics, 0.5)
+    assert "dead latents" not in capsys.readouterr().err

@@ -529,3 +529,21 @@ def test_one_thread_workers_run_on_one_thread_and_leave_the_callers_count():
         assert later == [2]
     with one_thread_workers(1) as pool:
         assert pool is None
+
+
+def test_the_automatic_thread_count_is_said_only_when_other_work_took_cores(monkeypatch, capsys):
+    """Issue 51 item 17: every command printed "1 torch thread(s)..."; it says something only
+    when the count is not every core's (others were busy: a rerun may differ in the last bits)."""
+    import pipelines.runtime as runtime
+
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 4)
+    for free, said in ((4, False), (3, True), (1, True)):
+        monkeypatch.setattr(runtime, "auto_threads", lambda: free)
+        assert runtime.Runtime(device="cpu").resolved().threads == free
+        err = capsys.readouterr().err
+        assert ("torch thread" in err) == said, (free, err)
+        assert not said or (f"{free} torch thread(s) of 4 cores" in err and "--threads N" in err)
+    # with --ray each worker's share of every core is the default, said only when smaller
+    monkeypatch.setattr(runtime, "auto_threads", lambda: 4)
+    assert runtime.Runtime(device="cpu", ray="local", workers=2).resolved().threads == 2
+    assert "torch thread" not in capsys.readouterr().err

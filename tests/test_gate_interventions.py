@@ -106,6 +106,15 @@ def test_candidate_tokens_are_exactly_where_the_output_is_active_and_both_sides_
     assert nothing.cand.shape == nothing.token.shape == (0,)
 
 
+@pytest.mark.parametrize("limit", [None, 32])
+def test_candidate_tokens_of_no_tokens_are_none(limit):
+    """Issue 51 item 14: `verdicts --confirm-share 0` (or 1e-9) leaves no confirmation token,
+    words of width 0; that is no token for any candidate, not a `range()` step of zero."""
+    none = torch.zeros(N_IN, 0, dtype=torch.int64), torch.zeros(N_OUT, 0, dtype=torch.int64)
+    found = candidate_tokens(*none, Sides.of_groups([3, 5], [[2], [1]], [[4], [0]]), limit=limit)
+    assert found.cand.shape == found.token.shape == (0,)
+
+
 @pytest.mark.parametrize("limit", [1, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 170])
 def test_a_limit_keeps_the_first_tokens_across_words(limit):
     # a candidate on at every token: its first `limit` tokens run through whole 64-token words (the sign bit

@@ -136,6 +136,81 @@ def test_explicit_saes_of_one_layer(run):
     assert torch.isfinite(torch.tensor(pd.to_numeric(nodes["value"]).to_numpy())).all()
 
 
+def _graph_files(run: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run)): p.read_bytes() for folder in ("graphs", "tables/graph_nodes")
+            for p in sorted((run / folder).rglob("*")) if p.is_file()}
+
+
+def _refused(argv: list[str], capsys, *words: str) -> str:
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and all(w in err for w in words), err
+    return err
+
+
+def test_layer_must_exist_and_have_saes(run, tmp_path, capsys):
+    """Issue 51 item 8: `--layer 7`, `-1` or a layer without SAEs made a graph of every layer."""
+    base = ["graph", "--out", str(run), "--threads", "1", "--prompt", "she was not"]
+    before = _graph_files(run)
+    for layer in ("7", "-1"):
+        _refused([*base, "--layer", layer], capsys, f"--layer {layer}", "0 to 1")
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    shutil.rmtree(copy / "saes" / "layer1_mlp_out")
+    _refused(["graph", "--out", str(copy), "--threads", "1", "--prompt", "she was not", "--layer", "1"], capsys,
+             "--layer 1", "layers with both: 0")
+    assert _graph_files(run) == before
+    # a layer with SAEs: only its latents are nodes
+    assert main([*base, "--layer", "0"]) == 0
+    nodes = schemas.read(run / "tables", "graph_nodes")
+    kinds = nodes[nodes["prompt"] == json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"][-1]["slug"]]
+    assert set(kinds[kinds["kind"].isin(["input", "output"])]["layer"]) == {0}
+    assert (kinds[kinds["layer"] == 1]["kind"] == "output_error").all()
+
+
+def test_labels_come_only_from_a_features_table_of_the_same_saes(run, tmp_path, capsys):
+    """Issue 51 item 7: the run's features table describes its own SAEs; a graph from other SAEs
+    (here the layer's SAEs copied with one file more: another digest, as another seed's SAEs
+    have) labelled their latents with it. `report` and `verdicts` refuse that; `graph` too."""
+    other = tmp_path / "layer0_resid_mid"
+    shutil.copytree(run / "saes" / "layer0_resid_mid", other)
+    (other / "note.txt").write_text("retrained")
+    before = _graph_files(run)
+    _refused(["graph", "--out", str(run), "--threads", "1", "--prompt", "she was not", "--layer", "0", "--sae-in",
+              str(other), "--sae-out", str(run / "saes" / "layer0_mlp_out")], capsys,
+             "layer 0 resid_mid features table", str(other), "rerun `features`")
+    assert _graph_files(run) == before
+    # retrained in place (the run's own SAE changed after `features`): refused the same way
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "saes" / "layer0_mlp_out" / "note.txt").write_text("retrained")
+    _refused(["graph", "--out", str(copy), "--threads", "1", "--prompt", "she was not"], capsys,
+             "layer 0 mlp_out features table", "rerun `features`")
+
+
+def test_prompt_files_are_utf8_with_or_without_a_byte_order_mark_and_checked_whole(run, tmp_path, capsys):
+    """Issue 51 items 9 and 13: a byte-order mark is not part of the first prompt; a Latin-1
+    file is named; a too-long line is named by file and line before any graph is written."""
+    base = ["graph", "--out", str(run), "--threads", "1"]
+    marked = tmp_path / "marked.txt"
+    marked.write_bytes("\ufeffShe was not\n".encode("utf-8"))
+    assert main([*base, "--prompts", str(marked)]) == 0
+    meta = json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"][-1]
+    assert meta["prompt"] == "She was not" and "[UNK]" not in "".join(meta["prompt_tokens"])
+    assert main([*base, "--prompt", "She was not"]) == 0
+    plain = json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"][-1]
+    assert meta["prompt_tokens"] == plain["prompt_tokens"]
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("she was not caf\xe9\n".encode("latin-1"))
+    _refused([*base, "--prompts", str(latin)], capsys, f"--prompts {latin}", "not UTF-8")
+    long = tmp_path / "long.txt"
+    long.write_text("she was sad\nthe dog was happy\n\n" + "she was " * 80 + "\n")
+    before = _graph_files(run)
+    _refused([*base, "--prompts", str(long)], capsys, f"--prompts {long}, line 4", "more than the model's context")
+    assert _graph_files(run) == before  # lines 1 and 2 are not written either
+
+
 NPM = Path(__file__).resolve().parents[1] / ".cache" / "npm"  # `make install` fetches these packages
 JETPACK, DAGRE = NPM / "d3-jetpack-2.3.0.tgz", NPM / "dagre-0.8.5.tgz"
 

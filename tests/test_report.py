@@ -8,6 +8,7 @@ import re
 import shutil
 from html.parser import HTMLParser
 
+import numpy as np
 import pandas as pd
 import pytest
 from PIL import Image
@@ -155,6 +156,13 @@ def _check_candidate_tables(run, text: str) -> bool:
                 assert cells[3].startswith(_members(row["members_b"]))
                 assert "(nan)" not in cells[2] + cells[3]  # an unlabelled side shows no label
                 assert cells[4] == row["gate_type"]
+                # issue 51 item 21: every share a percentage, "not measured" where there is none
+                share = r"-?\d+(\.\d)?%"
+                for cell in (cells[5], cells[7], cells[8], cells[9]):
+                    assert re.fullmatch(share, cell) or cell == "not measured", cells
+                assert re.fullmatch(f"{share} / {share}", cells[6]), cells
+                assert re.fullmatch(f"{share} / {share}", cells[11]) or cells[11] == "not ablated", cells
+                assert (cells[8] == "not measured") == pd.isna(row["gate_score"])
                 assert cells[10] == ("yes" if row["split_pair"] else "")
                 assert cells[12] == row["verdict"]
                 if labelled:
@@ -228,6 +236,36 @@ def test_cards_show_each_layers_best_candidates(run, page):
             assert any(c.startswith(f"{kind.capitalize()} circuit rank {negation.iloc[0]['circuit_rank']} "
                                     "(negation gate)") for c in cards), cards
     assert len(cards) == len(set(cards))
+
+
+def test_the_ranking_is_described_by_the_rule_where_it_lives(page):
+    """Issue 51 item 24: the page states the ranking as `circuits.gates.ranking` does, and no
+    older description of it."""
+    from pipelines.analysis.verdicts import ranking_rule
+
+    text = " ".join(re.sub(r"</?code>", "`", page[1]).split()).replace("&#39;", "'").replace("&#34;", '"')
+    rule = ranking_rule()
+    assert rule.startswith("Candidates are ordered by cause") and " ".join(rule.split()) in text
+    assert "Gate candidates are ranked by" not in text and "the gate_score of their best input pair" not in text
+
+
+def test_graph_figure_puts_nodes_of_one_point_side_by_side_and_labels_them():
+    """Issue 51 item 21: the logits all sit at the last position's row, and a position's latents
+    of one row at one point; each gets its own place and its label."""
+    from pipelines.report import figures
+
+    x = np.array([0.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0])
+    y = np.array([0.0, 1.0, 1.0, 2.0, 5.0, 5.0, 5.0])
+    spread = figures.spread(x, y)
+    points = set(zip(spread.round(6), y))
+    assert len(points) == len(x)  # no two nodes at one point
+    assert np.abs(spread - x).max() < 0.5 and spread[[1, 2]].mean() == pytest.approx(1.0)
+    assert spread[3] == 1.0 and spread[0] == 0.0  # a node alone stays at its position
+    labels = ["", "#3", "#9", "#4", "happy", "sad", "glad"]
+    fig = figures.attribution_graph(x, y, ["token", "input", "input", "output", "logit", "logit", "logit"],
+                                    np.array([[0, 1], [1, 3], [3, 4]]), np.array([1.0, -0.5, 0.2]), [0, 1, 3, 4],
+                                    ["a", "b", "c"], "title", labels)
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == sorted(label for label in labels if label)
 
 
 def test_page_is_self_contained(page):
@@ -326,9 +364,23 @@ def test_candidate_tables_fit_the_page_width(run, tmp_path):
         tab.goto(index.as_uri())
         widths = tab.eval_on_selector_all("h4 + table", "ts => ts.map(t => [t.scrollWidth, "  # the candidate tables
                                                         "t.parentElement.clientWidth])")
+        # issue 51 item 21: a number in a cell is on one line ("1 2 4" down a narrow column was 124)
+        broken = tab.eval_on_selector_all("h4 + table td:not(.text)", """cells => cells.flatMap(td => {
+            const found = [];
+            for (const node of td.childNodes) {
+                if (node.nodeType !== Node.TEXT_NODE) continue;
+                for (const m of node.textContent.matchAll(/\\S+/g)) {
+                    const r = document.createRange();
+                    r.setStart(node, m.index); r.setEnd(node, m.index + m[0].length);
+                    if (new Set([...r.getClientRects()].map(b => Math.round(b.top))).size > 1) found.push(m[0]);
+                }
+            }
+            return found;
+        })""")
         page_width = tab.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
         context.close()
     assert len(widths) == 4 and all(table <= body for table, body in widths), widths
+    assert broken == [], broken
     assert page_width[0] <= page_width[1], page_width
 
 

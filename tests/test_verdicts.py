@@ -300,3 +300,62 @@ def test_a_retest_must_read_more_tokens_than_the_screening():
     with pytest.raises(ValueError, match="retest_tokens .* must exceed iv_tokens"):
         VerdictConfig(iv_tokens=64, retest_tokens=64)
     assert VerdictConfig(iv_tokens=64, retest_tokens=64, shortlist=0).shortlist == 0
+
+
+def test_a_pair_without_a_truth_table_says_not_measured(capsys):
+    """Issue 51 item 20: a pair tested because of its cross term (from `interactions`, not a
+    candidate of `gates`) has no truth table; its row must not claim 0 tokens with both
+    inputs on beside interventions and a model run that found it an AND."""
+    from pipelines.analysis.verdicts import pair_candidates
+
+    gates = pd.DataFrame([gate(8, 2, 4, 0.1)])
+    interactions = pd.DataFrame([{"out_feature": 7, "in_a": 1, "in_b": 6, "kind": "cross", "rank": 1}])
+    pairs = pair_candidates(gates, interactions, CFG)
+    tested = {"causal_score": 0.6, "causal_bound": 0.5, "gate_type": "and", "keep_a": 0.1, "keep_b": 0.1,
+              "keep_ab": 0.0, "synergy": 0.9, "sure_and": True, "same_top_token": False}
+    row = pairs[pairs["out_feature"] == 7].iloc[0].to_dict() | KEYS | tested
+    assert np.isnan(row["n_both"]) and np.isnan(row["gate_score"])  # what pair_candidates gives it
+    v = verdict_of([row], ablation_rows({"out_feature": 7, "in_a": 1, "in_b": 6}, 0.9, 0.8))
+    assert v["is_and"] and v["circuit_rank"] == 1 and v["ablation_tokens"] == 50
+    assert "not measured" in v["truth"] and "too few" not in v["truth"], v["truth"]
+    assert pd.isna(v["both_tokens"]) and pd.isna(v["apart_tokens"]) and pd.isna(v["truth_and"])
+    from pipelines import summary
+
+    summary.verdicts(v.to_frame().T.reset_index(names="out_feature"), 1)
+    printed = capsys.readouterr().out
+    assert "gate_score not measured" in printed and "nan" not in printed, printed
+    # a pair of `gates` seen on no token with both inputs on was measured: 0 is its count
+    measured = verdict_of([gate(7, 1, 6, 0.3, gate_type="and", n_both=0.0, gate_score=np.nan, and_data=np.nan)],
+                          ablation_rows({"out_feature": 7, "in_a": 1, "in_b": 6}, 0.9, 0.8))
+    assert measured["both_tokens"] == 0 and "too few tokens with both inputs on (0)" in measured["truth"]
+    assert measured["truth_and"] == False  # noqa: E712
+
+
+def test_a_screening_sample_under_min_cell_is_refused_naming_both_flags():
+    """Issue 51 item 10: a candidate tested on fewer than min_cell tokens is untested, so
+    `--iv-tokens` under `--min-cell` ranked nothing and wrote 0 verdicts without a word."""
+    with pytest.raises(ValueError, match="--iv-tokens .*4.* --min-cell .*20"):
+        VerdictConfig(iv_tokens=4, min_cell=20)
+    assert VerdictConfig(iv_tokens=20, min_cell=20).iv_tokens == 20
+
+
+@pytest.mark.parametrize("share", [1.0, 1.5])
+def test_a_confirmation_share_leaving_no_ranking_token_is_refused_with_the_range(share):
+    """Issue 51 item 14: at --confirm-share 1 every token confirms and none ranks."""
+    with pytest.raises(ValueError, match=r"confirm_share must be .*0.* below 1"):
+        VerdictConfig(confirm_share=share)
+    assert VerdictConfig(confirm_share=0.0).confirm_share == 0.0
+
+
+def test_the_printed_ranking_is_the_rule_where_it_lives(capsys):
+    """Issue 51 item 24: the commands' summary describes the ranking in the words of
+    `circuits.gates.ranking`, not a copy of its own."""
+    import circuits.gates.ranking as home
+    from pipelines import summary
+    from pipelines.analysis.verdicts import ranking_rule
+
+    summary.verdicts(pd.DataFrame(columns=["layer", "kind", "circuit_rank"]), 1)
+    out = " ".join(capsys.readouterr().out.split())
+    first = ranking_rule(first_sentence=True)
+    assert first.startswith("Candidates are ordered by cause") and first.endswith(".") and first in out
+    assert first in " ".join(home.__doc__.split())

@@ -250,6 +250,9 @@ def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: 
     their first 32 lie in the first few spans). In no particular order."""
     on_words = torch.cat([on_words, on_words.new_zeros(1, on_words.shape[1])])  # the padding member (-1) is never on
     n_words = on_words.shape[1]
+    none = torch.zeros(0, dtype=torch.long, device=on_words.device)
+    if n_words == 0:  # no token at all (say, no confirmation token): spans of 0 words would never advance
+        return Entries(none, none)
     step = n_words if limit is None else max(1, -(-n_words // spans))
     # each span's words in tables of their own (rows of a slice are gathered at a stride, slowly), and as
     # many candidates at a time as `block` of all the words hold
@@ -280,7 +283,6 @@ def candidate_tokens(on_words: torch.Tensor, active_words: torch.Tensor, sides: 
             cands.append(mine[cand[hit]])
             tokens.append((word[hit] + start) * WORD + at)
             before = before + count.sum(1)
-    none = torch.zeros(0, dtype=torch.long, device=on_words.device)
     return Entries(torch.cat([none, *cands]), torch.cat([none, *tokens]))
 
 

@@ -39,6 +39,7 @@ add their column.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +47,7 @@ import pandas as pd
 
 from circuits.config import Config, option, seed_option
 from circuits.gates.groups import MAX_MEMBERS
+from circuits.gates import ranking
 from circuits.gates.ranking import circuit_ranks, is_split, split_evidence
 from circuits.sites import OUTPUT_SITE
 from pipelines.data.tags import LABEL_JOIN, GateTag, TagFacts
@@ -86,7 +88,8 @@ class VerdictConfig(Config):
                                 "intervention: the screening that finds the shortlist, which is retested on "
                                 "retest_tokens", low=1)
     confirm_share: float = option(0.25, "share of the held-out tokens kept for the model-run confirmation (a seeded "
-                                        "hash of the position): the ranking never reads them", low=0.0, high=1.0)
+                                        "hash of the position): the ranking never reads them; from 0 (no "
+                                        "confirmation) to below 1", low=0.0)
     need: float = option(0.5, "a side is necessary when removing it keeps at most this share of the output "
                               "(gate types: circuits.gates.types)", low=0.0, high=1.0)
     cross: float = option(0.25, "an and's cross term carries at least this share of the output (its synergy)",
@@ -122,9 +125,27 @@ class VerdictConfig(Config):
         unknown = [g for g in self.groups if g not in SOURCES]
         if unknown:
             raise ValueError(f"VerdictConfig.groups: unknown {unknown[0]!r}; choose from {', '.join(SOURCES)}")
+        if self.confirm_share >= 1:
+            raise ValueError(f"VerdictConfig.confirm_share must be from 0 to below 1, got {self.confirm_share!r}: at 1 "
+                             "every held-out token is a confirmation token and none is left to rank candidates on")
+        if self.iv_tokens < self.min_cell:
+            raise ValueError(f"--iv-tokens ({self.iv_tokens}) is under --min-cell ({self.min_cell}): a candidate "
+                             "tested on fewer than --min-cell tokens stays untested, so none would be ranked; raise "
+                             "--iv-tokens or lower --min-cell")
         if self.shortlist and self.retest_tokens <= self.iv_tokens:
             raise ValueError(f"VerdictConfig.retest_tokens ({self.retest_tokens}) must exceed iv_tokens "
                              f"({self.iv_tokens}): a retest reads more tokens than the screening (or set shortlist 0)")
+
+
+def ranking_rule(first_sentence: bool = False) -> str:
+    """The circuit ranking as its home states it: the paragraph of `circuits.gates.ranking`'s
+    docstring headed "Ranking.", one line (or its first sentence), so what the report and the
+    commands say follows the rule wherever it changes."""
+    for paragraph in re.split(r"\n\s*\n", ranking.__doc__ or ""):
+        if paragraph.strip().startswith("Ranking."):
+            text = " ".join(paragraph.split()[1:])
+            return text.split(". ")[0] + "." if first_sentence else text
+    raise LookupError("circuits.gates.ranking's docstring has no paragraph headed 'Ranking.' for readers")
 
 
 # ------------------------------------------------------------------ features of inputs
@@ -286,9 +307,16 @@ def label_candidates(groups: dict[str, list[int]], sets: pd.DataFrame, interacti
 # ------------------------------------------------------------------ verdicts
 
 
-def truth_verdict(both: float, apart: float, and_data: float, cfg: VerdictConfig) -> tuple[str, bool]:
+NOT_MEASURED = ("not measured: the circuits stage measures the truth tables of the gates table's pairs, and this "
+                "pair was tested for its cross or self terms (interactions)")
+
+
+def truth_verdict(both: float, apart: float, and_data: float, cfg: VerdictConfig) -> tuple[str, bool | None]:
     """What the truth table says, from the tokens with both sides on, the fewer of those
-    with one side on alone, and `and_data`."""
+    with one side on alone, and `and_data`; `NOT_MEASURED` and None for a pair without a
+    truth table (its counts null)."""
+    if both is None or pd.isna(both):
+        return NOT_MEASURED, None
     both, apart = _count(both), _count(apart)
     if both < cfg.min_cell:
         return f"too few tokens with both inputs on ({both})", False
@@ -377,7 +405,9 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
                                              for m in members)
         labels = {k: (r.get(k) if isinstance(r.get(k), str) else None) for k in ("label_a", "label_b")}
         members = {k: [int(m) for m in r[k]] for k in ("members_a", "members_b")}
-        out.append({**r, **labels, **members, "both_tokens": _count(r.get("n_both")), "apart_tokens": _count(apart),
+        measured = truth_and is not None  # else the counts are unknown, not 0
+        out.append({**r, **labels, **members, "both_tokens": _count(r.get("n_both")) if measured else None,
+                    "apart_tokens": _count(apart) if measured else None,
                     "truth": truth,
                     "truth_and": truth_and, "verdict": text, "is_and": is_and,
                     "out_description": facts.descriptions.get(("out", f), ""),
@@ -385,7 +415,7 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
     frame = pd.DataFrame(out)
     for tag in tags if len(frame) else ():
         frame[tag.column] = tag.rule(frame, TagFacts(facts.boost, cfg.boost_sd))
-    for column in ("circuit_rank", "in_a", "in_b", "group_a", "group_b"):
+    for column in ("circuit_rank", "in_a", "in_b", "group_a", "group_b", "both_tokens", "apart_tokens"):
         if column in frame:
             frame[column] = frame[column].astype("Int64")
     return frame

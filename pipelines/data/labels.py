@@ -36,6 +36,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from pipelines.data.tokenizer import WORD_START
+from pipelines.engine.files import read_text_lines
 
 MAX_CLASSES = 127  # int8 codes
 LEXICON_CHANNEL = "lexicon"
@@ -60,13 +61,8 @@ def read_lexicon(path: str | Path, lowercase: bool = True) -> dict[str, str]:
     phrases, zeros, lines without a class and `#` comments are skipped (counted on stderr); an
     empty word or class (`<TAB>positive`, `nice<TAB>`) is an error naming the line."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"lexicon {path} does not exist")
     words: dict[str, str] = {}
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError:
-        raise ValueError(f"lexicon {path} is not UTF-8 text") from None
+    lines = read_text_lines(path, "lexicon")
     skipped = {"phrase": 0, "zero score": 0, "without a class": 0}
     for number, line in enumerate(lines, 1):
         if not line.strip() or line.startswith("#"):

@@ -60,6 +60,20 @@ def write_json(path: str | Path, data) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def read_text_lines(path: str | Path, name: str) -> list[str]:
+    """The lines of a user's UTF-8 text file, without the byte-order mark some editors write
+    first (it would stick to the first line's first word). `name` names the file in errors:
+    FileNotFoundError when it is absent, ValueError when it is not UTF-8 (a Latin-1 file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{name} {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}): "
+                         "save it as UTF-8") from None
+
+
 def read_json(path: str | Path):
     """The JSON in `path`, or None when the file is missing or unreadable."""
     try:

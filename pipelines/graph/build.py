@@ -23,6 +23,7 @@ from circuits.attribution import (AttributionGraph, LayerSAETensors, attribute, 
 from circuits.config import Config, option
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tokenizer import BOS, display_token
+from pipelines.engine.files import read_text_lines
 from pipelines.engine.paths import RunPaths
 from pipelines.inputs import LayerPlan, ModelInputs
 
@@ -84,17 +85,17 @@ def slug(prompt: str, taken: set[str] | None = None) -> str:
     return name
 
 
-def encode_prompt(prompt: str, tokenizer, n_ctx: int) -> list[int]:
-    """Token ids of `prompt` after BOS (a document's start, as in training); one-line errors
-    for an empty prompt and one longer than the context."""
+def encode_prompt(prompt: str, tokenizer, n_ctx: int, where: str = "--prompt") -> list[int]:
+    """Token ids of `prompt` after BOS (a document's start, as in training); one-line errors,
+    naming the prompt's source `where`, for an empty prompt and one longer than the context."""
     if not prompt.strip():
-        raise ValueError("--prompt is empty: give some text to attribute")
+        raise ValueError(f"{where} is empty: give some text to attribute")
     ids = tokenizer.encode(prompt).ids
     bos = tokenizer.token_to_id(BOS)
     if bos is not None:
         ids = [bos] + ids
     if len(ids) > n_ctx:
-        raise ValueError(f"--prompt has {len(ids)} tokens, more than the model's context of {n_ctx}: shorten it")
+        raise ValueError(f"{where} has {len(ids)} tokens, more than the model's context of {n_ctx}: shorten it")
     return ids
 
 
@@ -176,16 +177,15 @@ def _display(tokenizer, token: int) -> str:
     return display_token(piece) if piece is not None else str(token)
 
 
-def read_prompts(prompt: str | None, prompts: Path | None) -> list[str]:
-    """The prompts of `--prompt` or `--prompts FILE` (one per line, blank lines skipped)."""
+def read_prompts(prompt: str | None, prompts: Path | None) -> tuple[list[str], list[str]]:
+    """The prompts of `--prompt` or `--prompts FILE` (UTF-8, one per line, blank lines skipped),
+    and where each comes from, for errors (`--prompts FILE, line 3`)."""
     if (prompt is None) == (prompts is None):
         raise ValueError("give one of --prompt TEXT and --prompts FILE")
     if prompt is not None:
-        return [prompt]
-    if not Path(prompts).is_file():
-        raise FileNotFoundError(f"--prompts {prompts}: no such file")
-    lines = [line.strip() for line in Path(prompts).read_text(encoding="utf-8").splitlines()]
-    found = [line for line in lines if line]
+        return [prompt], ["--prompt"]
+    lines = [line.strip() for line in read_text_lines(prompts, "--prompts")]
+    found = [(line, f"--prompts {prompts}, line {number}") for number, line in enumerate(lines, 1) if line]
     if not found:
         raise ValueError(f"--prompts {prompts} holds no prompt (every line is empty)")
-    return found
+    return [text for text, _ in found], [where for _, where in found]

@@ -6,24 +6,34 @@ import torch
 from tqdm.auto import tqdm
 
 from circuits.attribution import INPUT, INPUT_ERROR, LOGIT, OUTPUT, TOKEN, strongest_path
+from circuits.sites import OUTPUT_SITE
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.build import PromptGraph, build_graph, float64_model, load_layer_saes, target_id
+from pipelines.graph.build import PromptGraph, build_graph, encode_prompt, float64_model, load_layer_saes, target_id
 from pipelines.graph.export import write_graph
-from pipelines.inputs import ModelInputs
+from pipelines.inputs import ModelInputs, check_features_describe
 from pipelines.schemas import read
 
 
 def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], layer: int | None = None,
-                progress: bool = True) -> list[PromptGraph]:
+                progress: bool = True, where: list[str] | None = None) -> list[PromptGraph]:
     """Build and write the graph of each prompt under `run.graphs` and `run.tables`. `job` is a
-    `GraphJob`; explicit SAEs (--sae-in/--sae-out) are those of `layer`."""
+    `GraphJob`; with `layer`, only that layer's SAEs are nodes (explicit ones, --sae-in/--sae-out,
+    or the run's own), the other layers' MLPs error nodes. `where` names each prompt's source in
+    errors (`read_prompts`). Every prompt and the SAEs' labels are checked before any graph
+    is written."""
     cfg = job.graph
-    named = (job.sae_in or job.sae_out) and layer is not None
-    layers = [layer] if named else list(range(inputs.config.n_layers))
-    saes = load_layer_saes(run, inputs, job.plan(run, inputs, layers))
-    model = float64_model(inputs)
+    plan = job.plan(run, inputs, _layers(run, inputs, job, layer))
+    saes = load_layer_saes(run, inputs, plan)
+    for mine in plan.values():
+        if mine.layer in saes:
+            check_features_describe(run, mine)
     if cfg.target is not None:  # a bad target is a usage error before any work
         target_id(cfg.target, inputs.tokenizer)
+    if where is None:
+        where = ["--prompt"] if len(prompts) == 1 else [f"prompt {i} of {len(prompts)}" for i in range(1, len(prompts) + 1)]
+    for prompt, source in zip(prompts, where):
+        encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, source)
+    model = float64_model(inputs)
     features = read(run.tables, "features")
     done, taken = [], set()
     for prompt in tqdm(prompts, desc="attribution graphs", unit="prompt", disable=not progress or len(prompts) < 2):
@@ -32,6 +42,24 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
         write_graph(pg, run, features)
         done.append(pg)
     return done
+
+
+def _layers(run: RunPaths, inputs: ModelInputs, job, layer: int | None) -> list[int]:
+    """The layers whose SAEs the graph uses: every one, or `layer` (--layer), which must exist
+    and, without --sae-in, have the run's SAEs."""
+    every = list(range(inputs.config.n_layers))
+    if layer is None:
+        return every
+    if layer not in every:
+        raise ValueError(f"--layer {layer} does not exist: the model's layers are 0 to {every[-1]}")
+    if not (job.sae_in or job.sae_out):
+        have = [mine.layer for mine in job.plan(run, inputs, every).values() if mine.has_saes()]
+        if layer not in have:
+            raise FileNotFoundError(f"--layer {layer}: the run has no {job.read_site()} and {OUTPUT_SITE} SAEs of "
+                                    f"layer {layer} in {run.saes} (layers with both: "
+                                    f"{', '.join(map(str, have)) or 'none'}); train them with `train-saes --layer "
+                                    f"{layer}` or pass --sae-in and --sae-out")
+    return [layer]
 
 
 def label(pg: PromptGraph, node: int) -> str:

@@ -91,12 +91,30 @@ def scatter(panels: list[tuple[str, np.ndarray, np.ndarray, float]], title: str,
     return fig
 
 
+def spread(x: np.ndarray, y: np.ndarray, width: float = 0.8) -> np.ndarray:
+    """`x [n]` with the nodes that share a point `(x, y)` side by side across `width` about it,
+    in their order: a position's latents of one row, or the logits, one beside the other."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    out = x.copy()
+    _, cell, count = np.unique(np.stack([x, y], 1), axis=0, return_inverse=True, return_counts=True)
+    cell = cell.reshape(-1)
+    for c in np.flatnonzero(count > 1):
+        mine = np.flatnonzero(cell == c)
+        step = width / len(mine)
+        out[mine] += (np.arange(len(mine)) - (len(mine) - 1) / 2) * step
+    return out
+
+
 def attribution_graph(x: np.ndarray, y: np.ndarray, kinds: list[str], edges: np.ndarray, weights: np.ndarray,
-                      path: list[int], tokens: list[str], title: str) -> Figure:
-    """A pruned attribution graph: nodes at (position, viewer row), edges `[E, 2]` (source,
-    target indices into the nodes) drawn by |weight| (red positive, blue negative), the strongest
-    path in black."""
-    fig = Figure(figsize=(max(6.0, 0.45 * len(tokens)), 5), layout="constrained")
+                      path: list[int], tokens: list[str], title: str, labels: list[str]) -> Figure:
+    """A pruned attribution graph: nodes at (position, viewer row), those of one point side by
+    side (`spread`), each named by its `labels` entry (a latent's number, a logit's token; ""
+    for none), edges `[E, 2]` (source, target indices into the nodes) drawn by |weight| (red
+    positive, blue negative), the strongest path in black."""
+    crowd = int(np.unique(np.stack([x, y], 1), axis=0, return_counts=True)[1].max()) if len(x) else 1
+    x = spread(x, y)
+    # room for the most nodes side by side at one point, their labels a few points apart
+    fig = Figure(figsize=(min(40.0, max(6.0, (len(tokens) + 1) * max(0.45, 0.13 * crowd))), 5), layout="constrained")
     ax = fig.add_subplot()
     edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     scale = float(np.abs(weights).max()) if len(weights) else 1.0
@@ -115,6 +133,10 @@ def attribution_graph(x: np.ndarray, y: np.ndarray, kinds: list[str], edges: np.
         if mine:
             ax.scatter(x[mine], y[mine], s=18, color=colour, label=kind, zorder=3,
                        marker="s" if kind.endswith("error") else "o")
+    for i, label in enumerate(labels):
+        if label:
+            ax.annotate(_text(label), (x[i], y[i]), xytext=(0, 4), textcoords="offset points", fontsize=5,
+                        rotation=90, ha="center", va="bottom", zorder=4)
     ax.set_xticks(range(len(tokens)), [_text(t) for t in tokens], rotation=60, fontsize=8)
     ax.set_ylabel("row (tokens; per layer: input latents, output latents; logits)")
     ax.legend(fontsize=7, loc="upper left")

@@ -10,17 +10,20 @@ their section. The page links to the explorer when the run has one.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import Future, ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
 import jinja2
 import numpy as np
+from markupsafe import Markup, escape
 import pandas as pd
 from tqdm.auto import tqdm
 
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines import summary
+from pipelines.analysis.verdicts import ranking_rule
 from pipelines.data.tags import tagged
 from pipelines.engine.files import atomic_dir, read_json
 from pipelines.engine.paths import INDEX, RunPaths
@@ -54,7 +57,7 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, plan: di
     steps = tqdm(total=4 + len(layers), desc="report", unit="step")
     with atomic_dir(run.report) as folder, _Pictures(folder, cfg.dpi, processes) as pictures:
         page = {"title": f"Bilinear circuits report: {run.root.resolve().name}", "data": data,
-                "model": _model_section(data), "metrics": _metrics(data)}
+                "model": _model_section(data), "metrics": _metrics(data), "ranking": _code_spans(ranking_rule())}
         steps.update(1)
         page["correlations"] = _correlations(data, pictures, cfg)
         steps.update(1)
@@ -105,15 +108,26 @@ class _Pictures:
         return name
 
 
+def _code_spans(text: str) -> Markup:
+    """`text` escaped, its `backquoted` spans as <code>."""
+    return Markup(re.sub(r"`([^`]+)`", r"<code>\1</code>", str(escape(text))))
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.PackageLoader("pipelines.report", "templates"),
                              autoescape=jinja2.select_autoescape(["html"]))
     env.filters["num"] = _number
     env.filters["pct"] = lambda v: "" if pd.isna(v) else f"{v:.0%}"
-    env.filters["keeps"] = lambda v: "" if pd.isna(v) else f"{1 - v:.0%}"
+    env.filters["share"] = lambda v: "not measured" if v is None or pd.isna(v) else _percent(v)
+    env.filters["keeps"] = lambda v: "not ablated" if pd.isna(v) else _percent(1 - v)
     env.filters["label"] = lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else v
     env.filters["members"] = _members
     return env
+
+
+def _percent(value: float) -> str:
+    """A share as a percentage, one decimal under 10% (0.12% is not 0%)."""
+    return f"{value:.1%}" if abs(value) < 0.1 else f"{value:.0%}"
 
 
 def _members(values, shown: int = MEMBERS_SHOWN) -> str:
@@ -253,11 +267,19 @@ def _graphs(run: RunPaths, pictures: _Pictures, most: int = 3) -> list[dict]:
         x = np.where(mine["kind"] == "logit", len(tokens), mine["pos"]).astype(float)
         title = f"{meta['metadata'].get('prompt', prompt)}"
         name = pictures.draw(f"graph_{prompt}.png", figures.attribution_graph, x, mine["viewer_row"].to_numpy() + 1.0,
-                             mine["kind"].tolist(), pairs, links["weight"].to_numpy(), path, tokens, title)
+                             mine["kind"].tolist(), pairs, links["weight"].to_numpy(), path, tokens, title,
+                             _node_labels(mine))
         out.append({"prompt": title, "slug": prompt, "picture": name, "path": " -> ".join(mine.loc[path, "description"]),
                     "replacement": meta["metadata"].get("replacement_score"),
                     "completeness": meta["metadata"].get("completeness_score")})
     return out
+
+
+def _node_labels(nodes: pd.DataFrame) -> list[str]:
+    """What the graph figure writes by each node (`graph_nodes` rows): a latent's number, a
+    logit's token, nothing for tokens (the axis names them) and error nodes."""
+    return [f"#{f}" if kind in ("input", "output") else token if kind == "logit" else ""
+            for kind, f, token in zip(nodes["kind"], nodes["feature"], nodes["token"])]
 
 
 def _feature_info(data: ReportData, layer: int, f: int) -> dict:

@@ -19,6 +19,7 @@ complete tables. A stage's `result` is what its command and the demo use afterwa
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,11 @@ class TableStage:
     """A stage whose outputs are table parts (see the module docstring)."""
 
     name: str  # the stage's stamps and progress name it: "circuits"
+    rows_flag: str | None = None  # the option of the held-out rows the stage reads (`rows`), if it reads some
+
+    def rows(self, job) -> int:
+        """The held-out rows `job` asks the stage to read (at most: the split may hold fewer)."""
+        raise NotImplementedError
 
     def parts(self, work: StageInputs, job, plan: Plan) -> list[Part]:
         raise NotImplementedError
@@ -88,6 +94,11 @@ class TableStage:
 def ensure(stage: TableStage, work: StageInputs, job, plan: Plan, runtime: Runtime):
     """The tables of `stage` for every planned layer, computing the parts not current."""
     stale = [part for part in stage.parts(work, job, plan) if not part.is_current(work.run, stage.name)]
+    if stale and stage.rows_flag is not None:
+        note = fewer_rows(stage.name, stage.rows_flag, stage.rows(job), len(work.store.held_out),
+                          work.store.held_out.n_ctx)
+        if note:
+            print(note, file=sys.stderr)
     planned = stage.tasks(stale, plan, runtime)
     threads = runtime.threads // runtime.tasks_at_once(len(planned))  # each task's share
     tasks = [Task(task.name, (stage, job, task.unit, threads), task.gpus) for task in planned]
@@ -106,6 +117,16 @@ def _run_task(work: StageInputs, unit: tuple) -> None:
         for name, frame in frames.items():
             schemas.write(frame, work.run.tables, name, part.layer, part=part.name, provenance=part.stamp.to_json())
         stamps.finish(marker, part.stamp)
+
+
+def fewer_rows(stage: str, flag: str, asked: int, held_out: int, n_ctx: int) -> str | None:
+    """What to say when the held-out split has fewer rows than a stage is asked to read (it
+    reads them all, and would otherwise say nothing), or None."""
+    if asked <= held_out:
+        return None
+    return (f"{stage}: the held-out split has {held_out} rows of {n_ctx} tokens, fewer than the {asked} that {flag} "
+            f"asks for; all {held_out} are read. For more, train the model with a larger --held-out (the share of "
+            "documents it never trains on) or on a larger corpus")
 
 
 def gpus(runtime: Runtime) -> float:

@@ -17,6 +17,10 @@ from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage,
 
 class Circuits(TableStage):
     name = "circuits"
+    rows_flag = "--corr-rows"
+
+    def rows(self, job: CircuitsJob) -> int:
+        return job.corr_rows
 
     def parts(self, work: StageInputs, job: CircuitsJob, plan: Plan) -> list[Part]:
         found = []
@@ -65,4 +69,5 @@ COMMAND = Command(
     description="Project each layer's bilinear MLP into its SAEs' bases and write the interactions, gates, gate_truth, "
                 "eigen, eigen_inputs, lowrank and lowrank_samples tables under OUT/tables/. Layers already done from "
                 "the same inputs are kept.",
-    show=lambda args, run, plan, done: summary.circuits(done, list(plan), run.tables))
+    show=lambda args, run, plan, done: summary.circuits(done, list(plan), run.tables,
+                                                        next(iter(plan.values())).input_site))

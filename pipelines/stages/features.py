@@ -24,6 +24,10 @@ from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage,
 
 class Features(TableStage):
     name = "features"
+    rows_flag = "--rows"
+
+    def rows(self, job: FeaturesJob) -> int:
+        return job.description.n_rows
 
     def parts(self, work: StageInputs, job: FeaturesJob, plan: Plan) -> list[Part]:
         return [Part(layer, site, _stamp(work, job, sae.path), ("features",), site)

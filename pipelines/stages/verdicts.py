@@ -27,6 +27,10 @@ TABLES = tuple(name for name, table in schemas.TABLES.items() if table.stage == 
 
 class Verdicts(TableStage):
     name = "verdicts"
+    rows_flag = "--rows"
+
+    def rows(self, job: VerdictsJob) -> int:
+        return job.rules.rows
 
     def parts(self, work: StageInputs, job: VerdictsJob, plan: Plan) -> list[Part]:
         for mine in plan.values():
