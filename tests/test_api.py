@@ -1,0 +1,160 @@
+"""The Python API (`bilinear_circuits`): objects in memory against the command line's tables on
+the same model, SAEs and tokens; a run folder against its own tables; the caller's model left
+as it was."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import bilinear_circuits as bc
+from pipelines.cli import main
+
+# float64: the two sides then agree to rounding (in float32 a lone eigh and a batched one differ in the 6th digit)
+CIRCUITS = ["--top-n", "10", "--max-rank", "4", "--corr-rows", "16", "--min-active", "3", "--n-gates", "5",
+            "--dtype", "float64"]
+LAYER = 1
+
+
+def _sae(hook: str, d_in: int, d_sae: int, k: int, seed: int):
+    """An sae-lens TopK SAE with random weights (a unit-norm decoder, its transpose as encoder)."""
+    from sae_lens import TopKSAE, TopKSAEConfig
+
+    torch.manual_seed(seed)
+    sae = TopKSAE(TopKSAEConfig(d_in=d_in, d_sae=d_sae, k=k))
+    sae.cfg.metadata.hook_name = hook
+    with torch.no_grad():
+        W_dec = torch.nn.functional.normalize(torch.randn(d_sae, d_in), dim=1)
+        sae.W_dec.copy_(W_dec)
+        sae.W_enc.copy_(W_dec.T)
+        sae.b_dec.copy_(0.1 * torch.randn(d_in))
+    return sae
+
+
+@pytest.fixture(scope="module")
+def byo(tmp_path_factory):
+    """A model and two sae-lens SAEs built in memory, the same saved for the CLI, and the CLI's
+    circuit tables of layer 1 computed from them."""
+    from pipelines.data.tokenizer import TokenizerConfig, train_tokenizer
+    from pipelines.lm.model import PRESETS, build_model, save_model
+
+    root = tmp_path_factory.mktemp("byo")
+    assert main(["corpus", "--out", str(root / "corpus_run"), "--n-stories", "300", "--seed", "2"]) == 0
+    texts = pd.read_parquet(root / "corpus_run" / "corpus" / "part.parquet")["text"].tolist()
+    tok = train_tokenizer(texts, TokenizerConfig(vocab_size=400))
+    cfg = PRESETS["tiny"].replace(d_vocab=tok.get_vocab_size())
+    model = build_model(cfg, seed=0).eval()
+    save_model(model, cfg, root / "lm")
+    tok.save(str(root / "lm" / "tokenizer.json"))
+    sae_in = _sae(f"blocks.{LAYER}.hook_resid_mid", 32, 128, 4, seed=1)
+    sae_out = _sae(f"blocks.{LAYER}.hook_mlp_out", 32, 128, 4, seed=2)
+    sae_in.save_model(str(root / "sae_in"))
+    sae_out.save_model(str(root / "sae_out"))
+    out = root / "run"
+    assert main(["circuits", "--out", str(out), "--model", str(root / "lm"), "--corpus", str(root / "corpus_run" /
+                 "corpus"), "--layer", str(LAYER), "--sae-in", str(root / "sae_in"), "--sae-out", str(root / "sae_out"),
+                 "--threads", "1", *CIRCUITS]) == 0
+    from pipelines.data.tokens import open_token_store
+
+    (store,) = [open_token_store(p) for p in (out / "tokens").iterdir()]
+    tokens = np.asarray(store.held_out.tokens[:16], dtype=np.int64)
+    tables = {name: pd.read_parquet(out / "tables" / name) for name in ("interactions", "eigen", "lowrank", "gates")}
+    return model, tok, sae_in, sae_out, tokens, tables
+
+
+def _config():
+    return bc.CircuitConfig(top_n=10, max_rank=4, min_active=3, n_gates=5, dtype="float64")
+
+
+def _active_features(tables: dict, n: int) -> list[int]:
+    lowrank = tables["lowrank"]
+    busy = lowrank[(lowrank["n_eigs"] == 2) & lowrank["corr_active"].notna()]
+    return busy.sort_values("n_active", ascending=False)["out_feature"].head(n).tolist()
+
+
+def test_objects_in_memory_give_the_clis_tables(byo):
+    model, tok, sae_in, sae_out, tokens, tables = byo
+    layer = bc.Layer(model, sae_in, sae_out, tokens=torch.from_numpy(tokens), tokenizer=tok, config=_config())
+    assert layer.layer == LAYER and layer.input_site == "resid_mid"  # read from the SAEs' hook names
+    chosen = _active_features(tables, 3)
+    assert len(chosen) == 3
+    for f in chosen:
+        feature = layer.feature(f)
+        mine = feature.interactions.sort_values(["kind", "rank"]).reset_index(drop=True)
+        cli = tables["interactions"]
+        cli = cli[cli["out_feature"] == f].sort_values(["kind", "rank"]).reset_index(drop=True)
+        assert len(mine) == len(cli) > 0
+        assert (mine[["in_a", "in_b", "kind"]].to_numpy() == cli[["in_a", "in_b", "kind"]].to_numpy()).all()
+        np.testing.assert_allclose(mine["coefficient"], cli["coefficient"], rtol=1e-10, atol=1e-12)
+        eig = tables["eigen"]
+        np.testing.assert_allclose(feature.eigenvalues, eig[eig["out_feature"] == f].sort_values("rank")["eigenvalue"],
+                                   rtol=1e-10, atol=1e-12)
+        low = tables["lowrank"]
+        row = low[(low["out_feature"] == f) & (low["n_eigs"] == 2)].iloc[0]
+        assert feature.correlation(2) == pytest.approx(row["corr_active"], rel=1e-9, abs=1e-12)
+        assert int(feature.lowrank.loc[feature.lowrank["n_eigs"] == 2, "n_active"].iloc[0]) == row["n_active"]
+        gates = tables["gates"]
+        theirs = gates[gates["out_feature"] == f].sort_values("weight_rank").reset_index(drop=True)
+        ours = feature.gates
+        assert (ours[["in_a", "in_b"]].to_numpy() == theirs[["in_a", "in_b"]].to_numpy()).all()
+        np.testing.assert_allclose(ours["contribution_share"], theirs["contribution_share"], rtol=1e-9, atol=1e-12)
+
+
+def test_texts_are_tokenized_padded_and_truncated_on_request(byo):
+    model, tok, sae_in, sae_out, tokens, _ = byo
+    texts = ["once upon a time there was a little dog. " * 2, "she was not happy."]
+    layer = bc.Layer(model, sae_in, sae_out, texts=texts, tokenizer=tok, config=_config())
+    # padded with BOS, which is skipped: the analysed positions are every text token but the first
+    n = sum(int(b.x.shape[0]) for b in layer.batches()())
+    assert n == sum(len(tok.encode(t).ids) for t in texts)  # BOS + ids, less the first position
+    long = ["the dog ran and ran " * 40]
+    with pytest.raises(ValueError, match=r"texts\[0\] has \d+ tokens, more than the model's context of 64"):
+        bc.Layer(model, sae_in, sae_out, texts=long, tokenizer=tok)
+    cut = bc.Layer(model, sae_in, sae_out, texts=long, tokenizer=tok, truncate=True)
+    assert sum(int(b.x.shape[0]) for b in cut.batches()()) == 63
+
+
+def test_a_feature_alone_equals_the_whole_layer_in_memory(byo):
+    model, tok, sae_in, sae_out, tokens, _ = byo
+    layer = bc.Layer(model, sae_in, sae_out, tokens=tokens, tokenizer=tok, config=_config())
+    whole = layer.tables()
+    f = _active_features(whole, 1)[0]
+    alone = layer.feature(f)
+    mine = whole["eigen_inputs"][whole["eigen_inputs"]["out_feature"] == f].reset_index(drop=True)
+    np.testing.assert_allclose(alone.eigen_reads["cosine"], mine["cosine"], rtol=1e-9, atol=1e-12)
+    assert (alone.eigen_reads["in_feature"].to_numpy() == mine["in_feature"].to_numpy()).all()
+    ranked = layer.circuits()
+    assert ranked["layer_rank"].is_monotonic_increasing or ranked["layer_rank"].isna().any()
+
+
+def test_bad_arguments_are_named(byo):
+    model, tok, sae_in, sae_out, tokens, _ = byo
+    with pytest.raises(ValueError, match="pass tokens or texts, not both"):
+        bc.Layer(model, sae_in, sae_out, tokens=tokens, texts=["a"], tokenizer=tok)
+    with pytest.raises(ValueError, match=r"tokens has rows of 80 tokens"):
+        bc.Layer(model, sae_in, sae_out, tokens=np.zeros((2, 80), dtype=np.int64))
+    with pytest.raises(ValueError, match="sae_in reads layer 1's mlp_out"):
+        bc.Layer(model, sae_out, sae_out)
+    with pytest.raises(ValueError, match=r"features must be distinct output features in \[0, 128\)"):
+        bc.Layer(model, sae_in, sae_out).feature(500)
+
+
+def test_a_graph_leaves_the_callers_model_as_it_was(byo):
+    model, tok, sae_in, sae_out, _, _ = byo
+    before = copy.deepcopy(model.state_dict())
+    graph = bc.attribution_graph("she was not happy", model, {LAYER: (sae_in, sae_out)}, tok)
+    assert next(model.parameters()).dtype == torch.float32 and model.cfg.dtype == torch.float32
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert 0 < graph.completeness <= 1 + 1e-9 and 0 < graph.replacement <= 1 + 1e-9
+    assert set(graph.nodes["kind"]) >= {"token", "logit", "input", "output"}
+    path = graph.top_path
+    assert path["kind"].iloc[0] == "token" and path["kind"].iloc[-1] == "logit"
+    with pytest.raises(ValueError, match=r"prompt has \d+ tokens, more than the model's context of 64"):
+        bc.attribution_graph("the dog " * 30, model, {LAYER: (sae_in, sae_out)}, tok)
+    cut = bc.attribution_graph("the dog " * 30, model, {LAYER: (sae_in, sae_out)}, tok, truncate=True)
+    assert len(cut.tokens) == 64
