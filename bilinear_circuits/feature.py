@@ -100,13 +100,16 @@ class Feature:
             return None
         return frame.iloc[frame["coefficient"].abs().argsort()[::-1]].reset_index(drop=True)
 
-    def top_interactions(self, n: int = 10) -> pd.DataFrame | None:
-        """The `n` strongest terms: kind, the two inputs with their descriptions, coefficient."""
+    def top_interactions(self, n: int = 10, kinds: tuple[str, ...] = ("cross", "self")) -> pd.DataFrame | None:
+        """The `n` strongest terms of the given kinds (by default the products of two inputs,
+        `cross`, and of one with itself, `self`; `interactions` also holds each input's `linear`
+        term and the `constant`): kind, the two inputs with their descriptions, coefficient."""
         frame = self.interactions
         if frame is None:
             return None
+        frame = frame[frame["kind"].isin(kinds)]
         shown = [c for c in ("kind", "in_a", "a_description", "in_b", "b_description", "coefficient") if c in frame]
-        return frame[shown].head(n)
+        return frame[shown].head(n).reset_index(drop=True)
 
     @property
     def spectrum(self) -> pd.DataFrame | None:

@@ -28,8 +28,8 @@ from pipelines.report import figures
 from pipelines.schemas import read
 from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_match
 from pipelines.report.config import ReportConfig
-from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_panels,
-                                     scatter_samples
+from pipelines.report.inputs import (ReportData, interaction_submatrix, load_report_data, scatter_panels,
+                                     scatter_samples)
 
 MEMBERS_SHOWN = 8  # input features listed per side of a candidate (the explorer lists them all)
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_type",
