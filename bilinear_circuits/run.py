@@ -198,6 +198,22 @@ class Run:
         frame = self.table("gate_verdicts", layer)
         return frame.sort_values(["layer", "circuit_rank"]).reset_index(drop=True)
 
+    @property
+    def graphs(self) -> pd.DataFrame:
+        """The graphs saved in the run (by the `graph` command or the demo): slug, prompt, the
+        attributed tokens, replacement and completeness scores."""
+        from pipelines.engine.files import read_json
+
+        saved = (read_json(self.paths.graph_index) or {}).get("graphs", [])
+        nodes = self._read("graph_nodes")
+        rows = []
+        for g in saved:
+            mine = nodes[(nodes["prompt"] == g["slug"]) & (nodes["kind"] == "logit")] if nodes is not None else None
+            rows.append({"slug": g["slug"], "prompt": g["prompt"],
+                         "targets": [] if mine is None else mine["token"].tolist(),
+                         "replacement": g.get("replacement_score"), "completeness": g.get("completeness_score")})
+        return pd.DataFrame(rows, columns=["slug", "prompt", "targets", "replacement", "completeness"])
+
     def graph(self, prompt: str, config=None, truncate: bool = False) -> Graph:
         """The attribution graph of `prompt` through the run's model and the SAE pairs of every
         layer that has both (`GraphConfig` in `config`); nothing is written (see `Graph.save`)."""
