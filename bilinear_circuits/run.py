@@ -137,23 +137,29 @@ class Run:
 
         return part_name(self.input_site, "sae", "encoder")
 
-    def _circuits_stamp(self, layer: int) -> dict:
+    def _circuits_settings(self, layer: int) -> tuple:
+        """(CircuitConfig, corr_rows) the `circuits` stage used for `layer`: its stamp's, else
+        the demo's config, else the defaults."""
+        from circuits.layer import CircuitConfig
         from pipelines.engine.files import read_json
+        from pipelines.jobs import CircuitsJob
 
-        return (read_json(self.paths.table_stamp("circuits", layer, self._part)) or {}).get("config", {})
+        recorded = (read_json(self.paths.table_stamp("circuits", layer, self._part)) or {}).get("config")
+        if recorded is not None:
+            return CircuitConfig.from_json(recorded["analysis"]), recorded["corr_rows"]
+        demo = (read_json(self.paths.demo_config) or {}).get("circuits")
+        job = CircuitsJob.from_json(demo) if demo is not None else CircuitsJob()
+        return job.analysis, job.corr_rows
 
     def layer(self, layer: int) -> Layer:
         """Layer `layer` with the run's model and SAEs, measured on the held-out tokens the
-        `circuits` stage read (its recorded settings, or the defaults), descriptions joined."""
-        from circuits.layer import CircuitConfig
+        `circuits` stage read (its recorded settings: the stamp of the layer's tables, else the
+        demo's config, else the defaults), descriptions joined."""
         from pipelines.calls import corpus_source, stage_inputs
         from pipelines.data.corpus import CorpusConfig
-        from pipelines.jobs import CircuitsJob
 
         saes = self._layer_saes(layer)
-        recorded = self._circuits_stamp(layer)
-        cfg = CircuitConfig.from_json(recorded["analysis"]) if "analysis" in recorded else CircuitConfig()
-        rows = recorded.get("corr_rows", CircuitsJob().corr_rows)
+        cfg, rows = self._circuits_settings(layer)
         source, corpus = corpus_source(self.paths, self.paths.lm)
         store = stage_inputs(self.paths, self._inputs, source, corpus or CorpusConfig()).store
         tokens = store.held_out.batch(slice(0, min(rows, len(store.held_out))))

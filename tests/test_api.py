@@ -158,3 +158,93 @@ def test_a_graph_leaves_the_callers_model_as_it_was(byo):
         bc.attribution_graph("the dog " * 30, model, {LAYER: (sae_in, sae_out)}, tok)
     cut = bc.attribution_graph("the dog " * 30, model, {LAYER: (sae_in, sae_out)}, tok, truncate=True)
     assert len(cut.tokens) == 64
+
+
+# ------------------------------------------------------------------ a run folder: the small demo
+
+
+CIRCUIT_TABLES = ("interactions", "gates", "gate_truth", "eigen", "eigen_inputs", "lowrank", "lowrank_samples")
+
+
+def _parquet(run, name: str) -> pd.DataFrame:
+    frame = pd.read_parquet(run / "tables" / name)
+    return frame[(frame["input_site"] == "resid_mid") & (frame["outputs"] == "sae")] if "outputs" in frame else frame
+
+
+def test_a_runs_feature_is_its_tables_rows(small_demo):
+    run = bc.open_run(small_demo)
+    lowrank = _parquet(small_demo, "lowrank")
+    verdicts = _parquet(small_demo, "gate_verdicts").sort_values(["layer", "circuit_rank"])
+    assert len(run.circuits()) == len(verdicts)
+    for layer, f in verdicts[["layer", "out_feature"]].head(3).itertuples(index=False):
+        feature = run.feature(int(layer), int(f))
+        row = lowrank[(lowrank["layer"] == layer) & (lowrank["out_feature"] == f) & (lowrank["n_eigs"] == 2)]
+        assert feature.correlation(2) == row["corr_active"].iloc[0]
+        assert feature.verdicts["verdict"].tolist() == verdicts[(verdicts["layer"] == layer)
+                                                                 & (verdicts["out_feature"] == f)]["verdict"].tolist()
+        described = feature.top_interactions(3)
+        assert described["a_description"].notna().all() and len(described) == 3
+        assert feature.description == pd.read_parquet(small_demo / "tables" / "features").query(
+            "layer == @layer and site == 'mlp_out' and feature == @f")["description"].iloc[0]
+        for figure in (feature.spectrum_figure(), feature.interactions_figure(), feature.scatter_figure()):
+            assert type(figure).__name__ == "Figure" and figure.axes
+
+
+def test_a_runs_graph_has_the_graph_commands_scores_and_leaves_its_model(small_demo):
+    import json
+
+    run = bc.open_run(small_demo)
+    saved = json.loads((small_demo / "graphs" / "graph-metadata.json").read_text())["graphs"][0]
+    nodes = pd.read_parquet(small_demo / "tables" / "graph_nodes")
+    target = nodes[(nodes["prompt"] == saved["slug"]) & (nodes["kind"] == "logit")]["token"].iloc[0]
+    graph = run.graph(saved["prompt"], bc.GraphConfig(target=target))
+    # float32 attribution (the demo's precision): sums in another order agree to about 1e-7
+    assert graph.completeness == pytest.approx(saved["completeness_score"], rel=1e-6)
+    assert graph.replacement == pytest.approx(saved["replacement_score"], rel=1e-6)
+    mine = nodes[nodes["prompt"] == saved["slug"]].reset_index(drop=True)
+    assert sorted(graph.nodes["node_id"]) == sorted(mine["node_id"])  # the table is written in its sort order
+    assert next(run.model.parameters()).dtype == torch.float32
+
+
+def _without_circuit_tables(small_demo, tmp_path, layer: int):
+    import shutil
+
+    copy_ = tmp_path / "run"
+    shutil.copytree(small_demo, copy_)
+    for name in CIRCUIT_TABLES:
+        shutil.rmtree(copy_ / "tables" / name / f"layer{layer}")
+    for stamp in (copy_ / "tables" / ".stamps").glob(f"circuits-layer{layer}-*"):
+        stamp.unlink()
+    return copy_
+
+
+def test_a_feature_without_tables_is_computed_alone_with_the_runs_numbers(small_demo, tmp_path):
+    copy_ = _without_circuit_tables(small_demo, tmp_path, 1)
+    lowrank = _parquet(small_demo, "lowrank")
+    interactions = _parquet(small_demo, "interactions")
+    busy = lowrank[(lowrank["layer"] == 1) & (lowrank["n_eigs"] == 2) & lowrank["corr_active"].notna()]
+    f = int(busy.sort_values("n_active").iloc[-1]["out_feature"])
+    feature = bc.open_run(copy_).feature(1, f)
+    assert not (copy_ / "tables" / "interactions" / "layer1").exists()  # nothing written
+    expected = busy[busy["out_feature"] == f].iloc[0]
+    # float32 math: a lone eigh and a batched one differ in the last digits
+    assert feature.correlation(2) == pytest.approx(expected["corr_active"], rel=1e-4, abs=1e-5)
+    theirs = interactions[(interactions["layer"] == 1) & (interactions["out_feature"] == f)].sort_values(["kind", "rank"])
+    mine = feature.interactions.sort_values(["kind", "rank"])
+    assert (mine[["in_a", "in_b"]].to_numpy() == theirs[["in_a", "in_b"]].to_numpy()).all()
+    np.testing.assert_allclose(mine["coefficient"], theirs["coefficient"], rtol=1e-5, atol=1e-6)
+    assert feature.verdicts is not None  # the verdicts stage's tables of the layer are still read
+
+
+def test_a_stage_called_from_python_writes_the_clis_tables(small_demo, tmp_path):
+    import json
+
+    copy_ = _without_circuit_tables(small_demo, tmp_path, 0)
+    job = bc.CircuitsJob.from_json(json.loads((small_demo / "demo_config.json").read_text())["circuits"])
+    computed = bc.run_stage("circuits", copy_, job, runtime=bc.Runtime(threads=1))
+    assert computed == ["layer 0 resid_mid-sae"]  # layer 1 was kept
+    for name in CIRCUIT_TABLES:
+        ours, theirs = (pd.read_parquet(root / "tables" / name / "layer0") for root in (copy_, small_demo))
+        pd.testing.assert_frame_equal(ours, theirs, rtol=1e-6)
+    with pytest.raises(ValueError, match="stage must be one of circuits, features, verdicts"):
+        bc.run_stage("report", copy_)
