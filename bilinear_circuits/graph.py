@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+
+if TYPE_CHECKING:  # annotations only: importing them takes seconds
+    from transformer_lens import HookedTransformer
+
+    from pipelines.graph.build import GraphConfig
 
 
 class Graph:
@@ -127,7 +133,8 @@ class Viewer:
         self._thread.join()
 
 
-def attribution_graph(prompt: str, model, saes: dict, tokenizer, config=None, *, truncate: bool = False,
+def attribution_graph(prompt: str, model: HookedTransformer, saes: dict, tokenizer: object,
+                      config: GraphConfig | None = None, *, truncate: bool = False,
                       descriptions: pd.DataFrame | None = None) -> Graph:
     """The exact attribution graph of `prompt` (BOS first) through a bilinear `HookedTransformer`.
 

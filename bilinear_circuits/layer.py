@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -13,6 +14,12 @@ from circuits.layer import CircuitConfig, Outputs
 from circuits.sae_basis import output_directions
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, site_of_hook
 from circuits.weights import SAEWeights, from_hooked_transformer, from_sae_lens
+
+if TYPE_CHECKING:  # annotations only: importing them takes seconds
+    import numpy as np
+    import torch
+    from sae_lens import SAE
+    from transformer_lens import HookedTransformer
 
 IN_MEMORY = Path("<in memory>")  # where an SAE passed as an object "lives" in error messages
 
@@ -43,8 +50,9 @@ class Layer:
     are absent). Results are those of the `circuits` stage on the same model, SAEs and tokens.
     """
 
-    def __init__(self, model, sae_in, sae_out, layer: int | None = None, *, tokens=None,
-                 texts: Sequence[str] | None = None, tokenizer=None, truncate: bool = False,
+    def __init__(self, model: HookedTransformer, sae_in: SAE | SAEWeights, sae_out: SAE | SAEWeights,
+                 layer: int | None = None, *, tokens: torch.Tensor | np.ndarray | Sequence[Sequence[int]] | None = None,
+                 texts: Sequence[str] | None = None, tokenizer: object | None = None, truncate: bool = False,
                  config: CircuitConfig | None = None, input_site: str | None = None, batch_rows: int = 32,
                  descriptions: pd.DataFrame | None = None):
         from pipelines.inputs import LayerSAEs
