@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from bilinear_circuits.feature import Feature, with_descriptions
@@ -16,7 +17,6 @@ from circuits.sites import INPUT_SITES, OUTPUT_SITE, site_of_hook
 from circuits.weights import SAEWeights, from_hooked_transformer, from_sae_lens
 
 if TYPE_CHECKING:  # annotations only: importing them takes seconds
-    import numpy as np
     import torch
     from sae_lens import SAE
     from transformer_lens import HookedTransformer
@@ -44,6 +44,8 @@ class Layer:
             SAE that records none, or an `SAEWeights`).
         batch_rows: rows per forward pass.
         descriptions: a `features` table to join descriptions from (a run's).
+        labels: a `feature_labels` table (a run's): what the verdicts read of each feature's
+            label classes, and the gate tags they write.
 
     Every feature's interactions and spectrum are read from the weights; low-rank
     correlations, gate statistics and scatter samples need tokens (without any, those tables
@@ -54,7 +56,7 @@ class Layer:
                  layer: int | None = None, *, tokens: torch.Tensor | np.ndarray | Sequence[Sequence[int]] | None = None,
                  texts: Sequence[str] | None = None, tokenizer: object | None = None, truncate: bool = False,
                  config: CircuitConfig | None = None, input_site: str | None = None, batch_rows: int = 32,
-                 descriptions: pd.DataFrame | None = None):
+                 descriptions: pd.DataFrame | None = None, labels: pd.DataFrame | None = None):
         from pipelines.inputs import LayerSAEs
 
         self.model = model
@@ -85,8 +87,12 @@ class Layer:
         self._saes = LayerSAEs(self.layer, _loaded(in_weights.to(in_weights.W_enc.dtype, device), (layer, site)),
                                site, _loaded(out_weights.to(out_weights.W_enc.dtype, device), (layer, OUTPUT_SITE)))
         self.descriptions = descriptions
+        self.labels = labels
         self.batch_rows = batch_rows
         self._rows = self._token_rows(tokens, texts, tokenizer, truncate)
+        self._tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        self._verdict_rows = None  # a run's held-out rows, which its verdicts stage reads (`Run.layer`)
+        self._untrained = np.zeros(0, dtype=np.int64)  # token ids never listed as boosted
         self._tables: dict[str, pd.DataFrame] | None = None
 
     def __repr__(self) -> str:
@@ -136,14 +142,34 @@ class Layer:
         w = self.sae_out
         return Outputs("sae", output_directions(w.W_enc, w.W_dec, "encoder"), sae=w)
 
-    def feature(self, feature: int) -> Feature:
+    def feature(self, feature: int, verdicts: bool = False, rules=None) -> Feature:
         """Output feature `feature`, analysed alone: its interaction matrix built, projected into
-        the input SAE's basis and diagonalised, and its statistics measured on the tokens."""
+        the input SAE's basis and diagonalised, and its statistics measured on the tokens. With
+        `verdicts`, its candidate pairs and group gates are also tested by intervention, typed,
+        ablated and judged as the verdicts stage does (`VerdictConfig` in `rules`), for this
+        feature alone (needs tokens)."""
         from pipelines.analysis.single import analyse_outputs
 
         tables = analyse_outputs(from_hooked_transformer(self.model, self.layer), self.sae_in, self._outputs(),
                                  [feature], self.batches(), self.config, layer=self.layer, input_site=self.input_site)
+        if verdicts:
+            tables.update(self._judge(tables, rules))
         return Feature(self.layer, int(feature), self.input_site, tables, self.descriptions, self._submatrix(feature))
+
+    def _judge(self, tables: dict[str, pd.DataFrame], rules) -> dict[str, pd.DataFrame]:
+        from pipelines.analysis.single import judge_tables
+        from pipelines.analysis.verdicts import VerdictConfig
+
+        rows = self._verdict_rows
+        if rows is None:
+            if len(self._rows) != 1:
+                raise ValueError("verdicts need tokens in rows of one length or a tokenizer with a BOS to pad with: "
+                                 "pass tokens as a [n, length] array, or texts with such a tokenizer")
+            rows = self._rows[0]
+        tokenizer = getattr(self._tokenizer, "backend_tokenizer", self._tokenizer)
+        listing = tokenizer if hasattr(tokenizer, "id_to_token") else None
+        return judge_tables(self.model, self._saes, rows, tables, self.descriptions, self.labels, listing,
+                            self._untrained, rules or VerdictConfig())
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every circuit table of the layer (`interactions`, `gates`, `eigen`, `lowrank`, ...),

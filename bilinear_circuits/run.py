@@ -163,8 +163,24 @@ class Run:
         source, corpus = corpus_source(self.paths, self.paths.lm)
         store = stage_inputs(self.paths, self._inputs, source, corpus or CorpusConfig()).store
         tokens = store.held_out.batch(slice(0, min(rows, len(store.held_out))))
-        return Layer(self.model, saes.sae_in, saes.sae_out, layer, tokens=tokens, tokenizer=self.tokenizer,
-                     config=cfg, input_site=self.input_site, descriptions=self._read("features"))
+        found = Layer(self.model, saes.sae_in, saes.sae_out, layer, tokens=tokens, tokenizer=self.tokenizer,
+                      config=cfg, input_site=self.input_site, descriptions=self._read("features"),
+                      labels=self._read("feature_labels"))
+        found._verdict_rows, found._untrained = store.held_out, self._inputs.untrained
+        return found
+
+    def _rules(self, layer: int):
+        """The `VerdictConfig` the verdicts stage used for `layer`: its stamp's, else the demo's
+        config, else the defaults."""
+        from pipelines.engine.files import read_json
+        from pipelines.jobs import VerdictsJob
+
+        recorded = (read_json(self.paths.table_stamp("verdicts", layer, self._part)) or {}).get("config")
+        if recorded is None:
+            recorded = (read_json(self.paths.demo_config) or {}).get("verdicts")
+        if recorded is None:
+            return VerdictsJob().rules
+        return VerdictsJob.from_json({k: v for k, v in recorded.items() if k != "format"}).rules
 
     def _layer_saes(self, layer: int):
         from pipelines.inputs import plan_layers
@@ -173,9 +189,10 @@ class Run:
             raise ValueError(f"layer {layer} does not exist: the model has {self.config.n_layers}")
         return plan_layers(self.paths, self._inputs, [layer], None, self.input_site)[layer].saes(self._inputs)
 
-    def feature(self, layer: int, feature: int) -> Feature:
+    def feature(self, layer: int, feature: int, verdicts: bool = True) -> Feature:
         """Output feature `feature` of `layer`: its rows of the run's tables, or, where the run has
-        no circuit tables of the layer, the feature analysed alone (`Layer.feature`)."""
+        no circuit tables of the layer, the feature analysed alone (`Layer.feature`) and, with
+        `verdicts`, judged alone as the verdicts stage would (its recorded rules)."""
         from pipelines.engine.tables import has_table
         from pipelines.report.inputs import interaction_submatrix
 
@@ -191,12 +208,7 @@ class Run:
             saes = self._layer_saes(layer)
             submatrix = lambda inputs: interaction_submatrix(self.model, layer, feature, saes, inputs)  # noqa: E731
             return Feature(layer, int(feature), self.input_site, tables, self._read("features"), submatrix)
-        alone = self.layer(layer).feature(feature)
-        for name in FEATURE_TABLES:  # the verdicts stage's tables, if it ran without circuit tables on disk
-            frame = self._read(name)
-            if name not in alone._tables and frame is not None:
-                alone._tables[name] = frame[(frame["layer"] == layer) & (frame["out_feature"] == feature)]
-        return alone
+        return self.layer(layer).feature(feature, verdicts, self._rules(layer) if verdicts else None)
 
     def circuits(self, layer: int | None = None) -> pd.DataFrame:
         """The ranked circuit candidates (`gate_verdicts`: each output's best pair or group gate,

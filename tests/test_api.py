@@ -233,7 +233,14 @@ def test_a_feature_without_tables_is_computed_alone_with_the_runs_numbers(small_
     mine = feature.interactions.sort_values(["kind", "rank"])
     assert (mine[["in_a", "in_b"]].to_numpy() == theirs[["in_a", "in_b"]].to_numpy()).all()
     np.testing.assert_allclose(mine["coefficient"], theirs["coefficient"], rtol=1e-5, atol=1e-6)
-    assert feature.verdicts is not None  # the verdicts stage's tables of the layer are still read
+    # judged alone: its pairs tested by intervention as the verdicts stage tested them in the whole layer
+    pairs = _parquet(small_demo, "pair_gates")
+    pairs = pairs[(pairs["layer"] == 1) & (pairs["out_feature"] == f)]
+    ours = feature.pair_gates.merge(pairs, on=["in_a", "in_b"], suffixes=("", "_run"))
+    assert len(ours) == len(pairs) == len(feature.pair_gates) > 0
+    assert (ours["gate_type"] == ours["gate_type_run"]).all()
+    np.testing.assert_allclose(ours["causal_score"], ours["causal_score_run"], rtol=1e-4, atol=1e-6)
+    assert len(feature.verdicts) >= 1 and feature.verdicts["verdict"].notna().all()
 
 
 def test_a_stage_called_from_python_writes_the_clis_tables(small_demo, tmp_path):

@@ -81,3 +81,24 @@ def token_rows(rows: Sequence[Sequence[int]] | torch.Tensor | np.ndarray, n_ctx:
 
 def _rows(tokens: np.ndarray, bos_id: int | None) -> TokenRows:
     return TokenRows(tokens, np.zeros(len(tokens), dtype=np.int64), {}, bos_id)
+
+
+def judge_tables(model, saes, rows: TokenRows, circuits: dict[str, pd.DataFrame], features: pd.DataFrame | None,
+                 labels: pd.DataFrame | None, tokenizer, untrained: np.ndarray, rules, streams=None
+                 ) -> dict[str, pd.DataFrame]:
+    """The verdicts stage's tables (`pair_gates`, `group_gates`, `gate_verdicts`, ...) of the
+    output features in `circuits` (a layer's circuit tables, or one feature's), judged on
+    `rows` with what the `features` and `feature_labels` tables of the layer say (None: nothing
+    known; no labels, no tags). `tokenizer` (a `tokenizers.Tokenizer`, or None) lists what each
+    output boosts, `untrained` the token ids never to list; `rules` is a `VerdictConfig`."""
+    from pipelines import schemas
+    from pipelines.analysis.features import boosted_token_ids
+    from pipelines.analysis.judge import CIRCUIT_READS, judge_layer
+    from pipelines.analysis.verdicts import InputFacts
+    from pipelines.data.tags import tags_of
+
+    layer = saes.layer
+    boosted = {} if tokenizer is None else boosted_token_ids(model, saes.sae_out.weights.W_dec, tokenizer, untrained)
+    facts = InputFacts.of(features, labels, layer, saes.input_site, rules)
+    return judge_layer(model, saes, rows, {name: circuits[name] for name in CIRCUIT_READS}, facts=facts,
+                       tags=tags_of(labels, schemas.GATE_TAGS), boosted=boosted, cfg=rules, streams=streams)
