@@ -159,19 +159,19 @@ class Feature:
     @property
     def pair_gates(self) -> pd.DataFrame | None:
         """Its candidate pairs tested by intervention, with their gate types (`pair_gates`; None
-        until the verdicts stage has run)."""
+        unless the verdicts stage has run or the feature was judged alone)."""
         return self.table("pair_gates")
 
     @property
     def group_gates(self) -> pd.DataFrame | None:
-        """Its gates between two groups of inputs, with their types (`group_gates`; None until the
-        verdicts stage has run)."""
+        """Its gates between two groups of inputs, with their types (`group_gates`; None unless the
+        verdicts stage has run or the feature was judged alone)."""
         return self.table("group_gates")
 
     @property
     def verdicts(self) -> pd.DataFrame | None:
-        """Its circuit candidates with their verdicts (`gate_verdicts`; None until the verdicts
-        stage has run)."""
+        """Its circuit candidates with their verdicts (`gate_verdicts`; None unless the verdicts
+        stage has run or the feature was judged alone)."""
         frame = self.table("gate_verdicts")
         return None if frame is None else frame.sort_values("circuit_rank").reset_index(drop=True)
 

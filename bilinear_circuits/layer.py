@@ -150,6 +150,8 @@ class Layer:
         feature alone (needs tokens)."""
         from pipelines.analysis.single import analyse_outputs
 
+        if not 0 <= int(feature) < self.sae_out.d_sae:
+            raise ValueError(f"feature must be an output feature in [0, {self.sae_out.d_sae}), got {feature}")
         tables = analyse_outputs(from_hooked_transformer(self.model, self.layer), self.sae_in, self._outputs(),
                                  [feature], self.batches(), self.config, layer=self.layer, input_site=self.input_site)
         if verdicts:

@@ -127,6 +127,9 @@ def test_a_feature_alone_equals_the_whole_layer_in_memory(byo):
     mine = whole["eigen_inputs"][whole["eigen_inputs"]["out_feature"] == f].reset_index(drop=True)
     np.testing.assert_allclose(alone.eigen_reads["cosine"], mine["cosine"], rtol=1e-9, atol=1e-12)
     assert (alone.eigen_reads["in_feature"].to_numpy() == mine["in_feature"].to_numpy()).all()
+    judged = layer.feature(f, verdicts=True)  # no labels or descriptions in memory: the gates still get types
+    assert len(judged.pair_gates) > 0 and judged.pair_gates["gate_type"].notna().all()
+    assert set(judged.pair_gates["out_feature"]) == {f} and judged.verdicts is not None
     ranked = layer.circuits()
     assert ranked["layer_rank"].is_monotonic_increasing or ranked["layer_rank"].isna().any()
 
@@ -139,7 +142,7 @@ def test_bad_arguments_are_named(byo):
         bc.Layer(model, sae_in, sae_out, tokens=np.zeros((2, 80), dtype=np.int64))
     with pytest.raises(ValueError, match="sae_in reads layer 1's mlp_out"):
         bc.Layer(model, sae_out, sae_out)
-    with pytest.raises(ValueError, match=r"features must be distinct output features in \[0, 128\)"):
+    with pytest.raises(ValueError, match=r"feature must be an output feature in \[0, 128\), got 500"):
         bc.Layer(model, sae_in, sae_out).feature(500)
 
 
