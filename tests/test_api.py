@@ -258,3 +258,25 @@ def test_a_stage_called_from_python_writes_the_clis_tables(small_demo, tmp_path)
         pd.testing.assert_frame_equal(ours, theirs, rtol=1e-6)
     with pytest.raises(ValueError, match="stage must be one of circuits, features, verdicts"):
         bc.run_stage("report", copy_)
+
+
+def test_a_graph_saves_circuit_tracers_files_and_serves_them(byo, tmp_path):
+    import json
+    import urllib.request
+
+    from circuit_tracer.frontend.graph_models import Model
+
+    model, tok, sae_in, sae_out, _, _ = byo
+    graph = bc.attribution_graph("she was not happy", model, {LAYER: (sae_in, sae_out)}, tok)
+    path = graph.save(tmp_path)
+    data = json.loads(path.read_text())
+    assert Model(**data).metadata.slug == graph.slug == path.stem
+    assert data["metadata"]["completeness_score"] == graph.completeness
+    assert len(pd.read_parquet(tmp_path / "tables" / "graph_edges")) == len(graph.edges)
+    viewer = graph.serve(tmp_path)
+    try:
+        port = viewer.url.split(":")[2].split("/")[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/graph_data/{graph.slug}.json", timeout=10) as answer:
+            assert json.loads(answer.read())["metadata"]["slug"] == graph.slug
+    finally:
+        viewer.stop()
