@@ -104,6 +104,18 @@ def test_objects_in_memory_give_the_clis_tables(byo):
         np.testing.assert_allclose(ours["contribution_share"], theirs["contribution_share"], rtol=1e-9, atol=1e-12)
 
 
+def test_a_whole_layer_in_memory_gives_the_clis_tables(byo):
+    from pipelines.schemas import TABLES
+
+    model, tok, sae_in, sae_out, tokens, tables = byo
+    whole = bc.Layer(model, sae_in, sae_out, tokens=tokens, tokenizer=tok, config=_config()).tables()
+    for name, cli in tables.items():
+        order = list(TABLES[name].sort)
+        ours = whole[name].sort_values(order).reset_index(drop=True)[cli.columns]
+        pd.testing.assert_frame_equal(ours, cli.sort_values(order).reset_index(drop=True), check_dtype=False,
+                                      rtol=1e-9)
+
+
 def test_texts_are_tokenized_padded_and_truncated_on_request(byo):
     model, tok, sae_in, sae_out, tokens, _ = byo
     texts = ["once upon a time there was a little dog. " * 2, "she was not happy."]
