@@ -15,8 +15,8 @@ run.graph("She was not").top_path
 - `Layer`: a `HookedTransformer` and two sae-lens SAEs in memory, with token ids or texts:
   the same per-feature and per-layer results without any run folder;
 - `attribution_graph`: a prompt's graph from objects in memory;
-- `run_stage`, `train_lm`, `train_saes`, `make_corpus`, `run_demo`: each stage with its config
-  dataclass, as the command line runs it.
+- `make_corpus`, `train_lm`, `train_saes`, `run_stage` (circuits, features, verdicts), `report`,
+  `explore`, `convert`, `run_demo`: each stage with its config dataclass, as the command line runs it.
 
 Names load on first use (importing TransformerLens and sae-lens takes seconds).
 """
@@ -39,6 +39,11 @@ _WHERE = {
     "train_lm": "bilinear_circuits.stages",
     "train_saes": "bilinear_circuits.stages",
     "run_demo": "bilinear_circuits.stages",
+    "report": "bilinear_circuits.stages",
+    "explore": "bilinear_circuits.stages",
+    "convert": "bilinear_circuits.stages",
+    "ReportConfig": "pipelines.report.config",
+    "SiteChoice": "pipelines.jobs",
     "CircuitConfig": "circuits.layer",
     "GraphConfig": "pipelines.graph.build",
     "CircuitsJob": "pipelines.jobs",
@@ -59,12 +64,14 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from bilinear_circuits.graph import Graph, Viewer, attribution_graph
     from bilinear_circuits.layer import Layer
     from bilinear_circuits.run import Run, open_run
-    from bilinear_circuits.stages import make_corpus, run_demo, run_stage, train_lm, train_saes
+    from bilinear_circuits.stages import (convert, explore, make_corpus, report, run_demo, run_stage, train_lm,
+                                          train_saes)
     from circuits.layer import CircuitConfig
     from pipelines.data.stories import StoryConfig
     from pipelines.demo import DemoConfig
     from pipelines.graph.build import GraphConfig
-    from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, LMJob, SAEJob, VerdictsJob
+    from pipelines.jobs import CircuitsJob, FeaturesJob, GraphJob, LMJob, SAEJob, SiteChoice, VerdictsJob
+    from pipelines.report.config import ReportConfig
     from pipelines.runtime import Runtime
 
 

@@ -108,3 +108,41 @@ def run_demo(folder: str | Path, config=None, runtime=None) -> None:
 
     with _locked(folder, "demo"):
         demo(RunPaths(folder), config or DemoConfig(), _runtime(runtime))
+
+
+def report(folder: str | Path, config=None, layers: list[int] | None = None, sites=None, runtime=None) -> Path:
+    """Write the run's one-page HTML report (`ReportConfig`) for `layers` (default every layer),
+    reading the SAEs `sites` names (a `SiteChoice`; default the run's own at `resid_mid`), as
+    `report` does; returns the page's path."""
+    from pipelines.calls import check_layers
+    from pipelines.engine.paths import RunPaths
+    from pipelines.inputs import ModelInputs
+    from pipelines.jobs import SiteChoice
+    from pipelines.report.config import ReportConfig
+    from pipelines.report.page import write_report
+
+    run, runtime = RunPaths(folder), _runtime(runtime)
+    with _locked(folder, "report"):
+        inputs = ModelInputs(run.lm, runtime.device)
+        plan = (sites or SiteChoice()).plan(run, inputs, check_layers(layers, inputs.config.n_layers))
+        with runtime.torch_threads():
+            return write_report(run, config or ReportConfig(), inputs, plan, processes=runtime.threads)
+
+
+def explore(folder: str | Path) -> Path:
+    """Write the run's interactive explorer (a static site), as `explore` does; returns its
+    index.html."""
+    from pipelines.engine.paths import RunPaths
+    from pipelines.explorer.site import write_explorer
+
+    with _locked(folder, "explore"):
+        return write_explorer(RunPaths(folder))
+
+
+def convert(source: str | Path, out: str | Path, tokenizer: str | Path | None = None, force: bool = False,
+            attention_scale: str = "config"):
+    """Convert a checkpoint in the paper authors' layout into ours (config.json,
+    model.safetensors, tokenizer.json in `out`), as `convert` does; returns its `ModelConfig`."""
+    from pipelines.lm.convert import convert_checkpoint
+
+    return convert_checkpoint(source, out, tokenizer=tokenizer, force=force, scale_attn=attention_scale)

@@ -292,3 +292,17 @@ def test_a_graph_saves_circuit_tracers_files_and_serves_them(byo, tmp_path):
             assert json.loads(answer.read())["metadata"]["slug"] == graph.slug
     finally:
         viewer.stop()
+
+
+def test_the_report_and_the_explorer_from_python(small_demo, tmp_path):
+    import shutil
+
+    copy_ = tmp_path / "run"
+    shutil.copytree(small_demo, copy_)
+    shutil.rmtree(copy_ / "report")
+    shutil.rmtree(copy_ / "explorer")
+    page = bc.report(copy_, bc.ReportConfig(cards_per_layer=1), layers=[1], runtime=bc.Runtime(threads=1))
+    assert page == copy_ / "report" / "index.html" and "layer 1" in page.read_text().lower()
+    assert list((copy_ / "report").glob("L1_*_scatter.png")) and not list((copy_ / "report").glob("L0_*"))
+    index = bc.explore(copy_)
+    assert index.is_file() and (copy_ / "explorer" / "data" / "features_L1.js").is_file()
