@@ -45,6 +45,8 @@ _WHERE = {
     "ReportConfig": "pipelines.report.config",
     "SiteChoice": "pipelines.jobs",
     "CircuitConfig": "circuits.layer",
+    "FeatureConfig": "pipelines.analysis.features",
+    "VerdictConfig": "pipelines.analysis.verdicts",
     "GraphConfig": "pipelines.graph.build",
     "CircuitsJob": "pipelines.jobs",
     "FeaturesJob": "pipelines.jobs",
@@ -67,6 +69,8 @@ if TYPE_CHECKING:  # for type checkers and the API reference; at run time names 
     from bilinear_circuits.stages import (convert, explore, make_corpus, report, run_demo, run_stage, train_lm,
                                           train_saes)
     from circuits.layer import CircuitConfig
+    from pipelines.analysis.features import FeatureConfig
+    from pipelines.analysis.verdicts import VerdictConfig
     from pipelines.data.stories import StoryConfig
     from pipelines.demo import DemoConfig
     from pipelines.graph.build import GraphConfig

@@ -162,16 +162,36 @@ class Layer:
         from pipelines.analysis.single import judge_tables
         from pipelines.analysis.verdicts import VerdictConfig
 
-        rows = self._verdict_rows
-        if rows is None:
-            if len(self._rows) != 1:
-                raise ValueError("verdicts need tokens in rows of one length or a tokenizer with a BOS to pad with: "
-                                 "pass tokens as a [n, length] array, or texts with such a tokenizer")
-            rows = self._rows[0]
+        rows = self._verdict_rows if self._verdict_rows is not None else self._one_group("verdicts")
+        return judge_tables(self.model, self._saes, rows, tables, self.descriptions, self.labels,
+                            self._listing_tokenizer(), self._untrained, rules or VerdictConfig())
+
+    def describe(self, config=None) -> pd.DataFrame:
+        """Describe every feature of both SAEs on the tokens as the features stage does
+        (`FeatureConfig` in `config`): top contexts, boosted tokens, a one-line description.
+        Each row of tokens counts as a document of its own (a BOS in it starts another) where the
+        contexts are drawn one per document. The `features` table is kept as `descriptions`
+        (joined from then on) and returned."""
+        from pipelines.analysis.features import FeatureConfig, feature_tables
+
+        tokenizer = self._listing_tokenizer()
+        if tokenizer is None:
+            raise ValueError("tokenizer: descriptions need a tokenizers.Tokenizer or a Hugging Face fast tokenizer")
+        saes = {(self.layer, self.input_site): self.sae_in, (self.layer, OUTPUT_SITE): self.sae_out}
+        self.descriptions, self.labels = feature_tables(self.model, tokenizer, self._one_group("descriptions"), saes,
+                                                        config or FeatureConfig(), {}, {}, None)
+        return self.descriptions
+
+    def _one_group(self, what: str):
+        if len(self._rows) != 1:
+            raise ValueError(f"{what} need tokens: a [n, length] array, or texts with a tokenizer that has a BOS to "
+                             "pad them with")
+        return self._rows[0]
+
+    def _listing_tokenizer(self):
+        """The `tokenizers.Tokenizer` that lists tokens (a fast Hugging Face one's backend), or None."""
         tokenizer = getattr(self._tokenizer, "backend_tokenizer", self._tokenizer)
-        listing = tokenizer if hasattr(tokenizer, "id_to_token") else None
-        return judge_tables(self.model, self._saes, rows, tables, self.descriptions, self.labels, listing,
-                            self._untrained, rules or VerdictConfig())
+        return tokenizer if hasattr(tokenizer, "id_to_token") else None
 
     def tables(self) -> dict[str, pd.DataFrame]:
         """Every circuit table of the layer (`interactions`, `gates`, `eigen`, `lowrank`, ...),

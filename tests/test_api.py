@@ -60,9 +60,13 @@ def byo(tmp_path_factory):
                  "--threads", "1", *CIRCUITS]) == 0
     from pipelines.data.tokens import open_token_store
 
+    assert main(["features", "--out", str(out), "--model", str(root / "lm"), "--corpus", str(root / "corpus_run" /
+                 "corpus"), "--layer", str(LAYER), "--sae-in", str(root / "sae_in"), "--sae-out", str(root / "sae_out"),
+                 "--threads", "1", "--rows", "16"]) == 0
     (store,) = [open_token_store(p) for p in (out / "tokens").iterdir()]
     tokens = np.asarray(store.held_out.tokens[:16], dtype=np.int64)
     tables = {name: pd.read_parquet(out / "tables" / name) for name in ("interactions", "eigen", "lowrank", "gates")}
+    tables["features"] = pd.read_parquet(out / "tables" / "features")
     return model, tok, sae_in, sae_out, tokens, tables
 
 
@@ -110,10 +114,31 @@ def test_a_whole_layer_in_memory_gives_the_clis_tables(byo):
     model, tok, sae_in, sae_out, tokens, tables = byo
     whole = bc.Layer(model, sae_in, sae_out, tokens=tokens, tokenizer=tok, config=_config()).tables()
     for name, cli in tables.items():
+        if name == "features":
+            continue
         order = list(TABLES[name].sort)
         ours = whole[name].sort_values(order).reset_index(drop=True)[cli.columns]
         pd.testing.assert_frame_equal(ours, cli.sort_values(order).reset_index(drop=True), check_dtype=False,
                                       rtol=1e-9)
+
+
+def test_descriptions_in_memory_are_the_features_commands(byo):
+    model, tok, sae_in, sae_out, tokens, tables = byo
+    layer = bc.Layer(model, sae_in, sae_out, tokens=tokens, tokenizer=tok, config=_config())
+    mine = layer.describe(bc.FeatureConfig(n_rows=16))
+    theirs = tables["features"]
+    key = ["site", "feature"]
+    mine, theirs = (t.sort_values(key).reset_index(drop=True) for t in (mine, theirs))
+    assert (mine[key] == theirs[key]).all().all() and len(mine) == 256
+    for column in ("frequency", "max_activation", "mean_activation"):
+        np.testing.assert_allclose(mine[column], theirs[column], rtol=1e-6)
+    assert mine["top_token"].tolist() == theirs["top_token"].tolist()
+    assert [list(b) for b in mine["boosted_tokens"]] == [list(b) for b in theirs["boosted_tokens"]]
+    f = _active_features(tables, 1)[0]
+    feature = layer.feature(f)
+    assert feature.description == theirs.query("site == 'mlp_out' and feature == @f")["description"].iloc[0]
+    assert feature.contexts and all("[" in c for c in feature.contexts)
+    assert feature.top_interactions(3)["a_description"].notna().all()
 
 
 def test_texts_are_tokenized_padded_and_truncated_on_request(byo):

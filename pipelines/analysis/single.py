@@ -80,7 +80,9 @@ def token_rows(rows: Sequence[Sequence[int]] | torch.Tensor | np.ndarray, n_ctx:
 
 
 def _rows(tokens: np.ndarray, bos_id: int | None) -> TokenRows:
-    return TokenRows(tokens, np.zeros(len(tokens), dtype=np.int64), {}, bos_id)
+    """Rows taken as documents of their own (a BOS inside a row starts another): what a
+    description's one context per document counts by."""
+    return TokenRows(tokens, np.arange(len(tokens), dtype=np.int64) * tokens.shape[1], {}, bos_id)
 
 
 def judge_tables(model, saes, rows: TokenRows, circuits: dict[str, pd.DataFrame], features: pd.DataFrame | None,
