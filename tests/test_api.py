@@ -194,7 +194,8 @@ def test_a_graph_leaves_the_callers_model_as_it_was(byo):
     assert set(graph.nodes["kind"]) >= {"token", "logit", "input", "output"}
     path = graph.top_path
     assert path["kind"].iloc[0] == "token" and path["kind"].iloc[-1] == "logit"
-    with pytest.raises(ValueError, match=r"^prompt has \d+ tokens, more than the model.s context of 64: shorten it or pass truncate=True$"):
+    too_long = r"^prompt has \d+ tokens, more than the model.s context of 64: shorten it or pass truncate=True$"
+    with pytest.raises(ValueError, match=too_long):
         bc.attribution_graph("the dog " * 30, model, {LAYER: (sae_in, sae_out)}, tok)
     cut = bc.attribution_graph("the dog " * 30, model, {LAYER: (sae_in, sae_out)}, tok, truncate=True)
     assert len(cut.tokens) == 64
