@@ -270,7 +270,8 @@ def test_a_feature_without_tables_is_computed_alone_with_the_runs_numbers(small_
     expected = busy[busy["out_feature"] == f].iloc[0]
     # float32 math: a lone eigh and a batched one differ in the last digits
     assert feature.correlation(2) == pytest.approx(expected["corr_active"], rel=1e-4, abs=1e-5)
-    theirs = interactions[(interactions["layer"] == 1) & (interactions["out_feature"] == f)].sort_values(["kind", "rank"])
+    theirs = interactions[(interactions["layer"] == 1) & (interactions["out_feature"] == f)]
+    theirs = theirs.sort_values(["kind", "rank"])
     mine = feature.interactions.sort_values(["kind", "rank"])
     assert (mine[["in_a", "in_b"]].to_numpy() == theirs[["in_a", "in_b"]].to_numpy()).all()
     np.testing.assert_allclose(mine["coefficient"], theirs["coefficient"], rtol=1e-5, atol=1e-6)
