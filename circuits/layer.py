@@ -85,6 +85,19 @@ class LayerBatch:
     acts: torch.Tensor  # [t, n_out], output SAE activations
 
 
+def select_outputs(outputs: Outputs, features: torch.Tensor) -> Outputs:
+    """The outputs `features [m]` (long) of `outputs` alone, an output SAE's latents sliced
+    with them: every per-output result is the same as in the whole set, so a few features are
+    read without the whole layer. Activations of the sliced SAE must still be encoded by the
+    whole one (its TopK compares every latent): take the columns `features` of those."""
+    sae = outputs.sae
+    if sae is not None:
+        sae = SAEWeights(sae.W_enc[:, features], sae.b_enc[features], sae.W_dec[features], sae.b_dec,
+                         sae.apply_b_dec_to_input, sae.k, sae.relu)
+    singular = None if outputs.singular_values is None else outputs.singular_values[features]
+    return Outputs(outputs.name, outputs.directions[features], sae, singular)
+
+
 def hosvd_outputs(mlp: MLPWeights, n: int) -> Outputs:
     """The top `n` HOSVD directions of the layer as outputs (for layers without output SAE)."""
     singular, left = hosvd(mlp.W_gate, mlp.W_in, mlp.W_out, n)

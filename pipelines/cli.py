@@ -14,10 +14,10 @@ import os
 import sys
 from pathlib import Path
 
+from pipelines.calls import TABLE_STAGES
 from pipelines.options import add_config, config_from, whole_number
 
 DEFAULT_RUN = Path("results/demo")
-TABLE_STAGES = ("circuits", "features", "verdicts")  # modules of pipelines.stages, one command each, in this order
 
 
 def _offline() -> None:
@@ -85,16 +85,15 @@ def _model_options(p: argparse.ArgumentParser, ray: bool = False, corpus: bool =
 
 
 def _layers(text: str, n_layers: int) -> list[int]:
+    from pipelines.calls import check_layers
+
     if text == "all":
         return list(range(n_layers))
     try:
         layers = sorted({int(x) for x in text.split(",")})
     except ValueError:
         raise ValueError(f"--layers takes 'all' or comma-separated layer numbers, not {text!r}") from None
-    bad = [layer for layer in layers if not 0 <= layer < n_layers]
-    if bad:
-        raise ValueError(f"layers {bad} do not exist: the model has {n_layers} (0..{n_layers - 1})")
-    return layers
+    return check_layers(layers, n_layers)
 
 
 class _Context:
@@ -113,27 +112,20 @@ class _Context:
 
     def corpus(self):
         """(source, CorpusConfig): the given corpus, else the one the model was trained on."""
+        from pipelines.calls import corpus_source
         from pipelines.data.corpus import CorpusConfig
-        from pipelines.inputs import trained_corpus
 
-        recorded = trained_corpus(self.model_dir)
-        if self.args.corpus is not None:
-            same = recorded is not None and Path(recorded[0]).resolve() == Path(self.args.corpus).resolve()
-            return self.args.corpus, config_from(self.args, CorpusConfig, recorded[1] if same else None)
-        if recorded is not None:
-            return recorded[0], config_from(self.args, CorpusConfig, recorded[1])
-        if self.run.corpus.is_dir():
-            return str(self.run.corpus), config_from(self.args, CorpusConfig, _builtin_labels(self.run.corpus))
-        raise FileNotFoundError(f"no corpus known for {self.model_dir}: pass --corpus PATH")
+        try:
+            source, recorded = corpus_source(self.run, self.model_dir, self.args.corpus)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no corpus known for {self.model_dir}: pass --corpus PATH") from None
+        return source, config_from(self.args, CorpusConfig, recorded)
 
     def work(self):
         """The stages' inputs: this run, the model and the corpus's token store."""
-        from pipelines.inputs import StageInputs
-        from pipelines.stages import ensure_tokens
+        from pipelines.calls import stage_inputs
 
-        source, cfg = self.corpus()
-        store = ensure_tokens(self.run, source, self.inputs.tokenizer, self.inputs.config.n_ctx, cfg)
-        return StageInputs(self.run, self.inputs, store)
+        return stage_inputs(self.run, self.inputs, *self.corpus())
 
 
 def _builtin_labels(folder: Path):
@@ -209,14 +201,15 @@ def cmd_stage(args: argparse.Namespace) -> None:
     chosen layers (usage errors before any work), the stage, and what its command shows."""
     import importlib
 
+    from pipelines.calls import table_stage
     from pipelines.options import job_from
-    from pipelines.stages import ensure
 
     stage = importlib.import_module(f"pipelines.stages.{args.stage}")
     job = job_from(args, stage.COMMAND.job)
     ctx = _Context(args)
-    plan = job.plan(ctx.run, ctx.inputs, ctx.layers)
-    stage.COMMAND.show(args, ctx.run, plan, ensure(stage.STAGE, ctx.work(), job, plan, ctx.runtime))
+    job.plan(ctx.run, ctx.inputs, ctx.layers)  # usage errors before the corpus is tokenized
+    plan, result = table_stage(args.stage, ctx.work(), job, ctx.layers, ctx.runtime)
+    stage.COMMAND.show(args, ctx.run, plan, result)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -247,7 +240,7 @@ def cmd_explore(args: argparse.Namespace):
 def cmd_graph(args: argparse.Namespace) -> None:
     from pipelines.engine.files import read_json
     from pipelines.engine.paths import RunPaths
-    from pipelines.graph.build import read_prompts
+    from pipelines.graph.build import read_prompts, target_id
     from pipelines.graph.serve import graph_server, viewer_url
     from pipelines.graph.stage import describe, make_graphs
     from pipelines.inputs import ModelInputs
@@ -260,6 +253,8 @@ def cmd_graph(args: argparse.Namespace) -> None:
         prompts, where = read_prompts(args.prompt, args.prompts)
         runtime = _runtime(args)
         inputs = ModelInputs(Path(args.model or run.lm), runtime.device)
+        if job.graph.target is not None:  # a usage error names the flag, before any work
+            target_id(job.graph.target, inputs.tokenizer, name="--target")
         with runtime.torch_threads():
             graphs = make_graphs(run, inputs, job, prompts, args.layer, where=where)
         for pg in graphs:

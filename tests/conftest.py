@@ -28,3 +28,18 @@ def kjv_tokenizer():
     from tests.real_text import kjv_chapters
 
     return train_tokenizer(kjv_chapters()["text"].tolist(), TokenizerConfig(vocab_size=4096))
+
+
+@pytest.fixture(scope="session")
+def small_demo(tmp_path_factory):
+    """`bilinear-circuits demo --small`, run once per session through the command line: its run
+    directory (shared read-only by the API's, the tutorials' and the quick start's tests)."""
+    import contextlib
+    import io
+
+    from pipelines.cli import main
+
+    out = tmp_path_factory.mktemp("small_demo") / "demo"
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["demo", "--small", "--out", str(out), "--threads", "1"]) == 0
+    return out

@@ -417,7 +417,7 @@ def test_corpus_refuses_to_replace_the_corpus_the_model_was_trained_on(run, tmp_
 
 @pytest.mark.parametrize("stage, argv, name", [
     ("features", ["--rows", "16"], "feature_tables"),
-    ("verdicts", [*VERDICTS, "--n-ablate", "1"], "judge_layer"),
+    ("verdicts", [*VERDICTS, "--n-ablate", "1"], "judge_tables"),
     ("circuits", [*CIRCUITS, "--top-n", "6"], "analyse_layer"),
 ])
 def test_a_run_that_fails_keeps_the_stamps_of_the_finished_one(run, tmp_path, capsys, monkeypatch, stage, argv,

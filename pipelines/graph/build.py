@@ -85,23 +85,28 @@ def slug(prompt: str, taken: set[str] | None = None) -> str:
     return name
 
 
-def encode_prompt(prompt: str, tokenizer, n_ctx: int, where: str = "--prompt") -> list[int]:
-    """Token ids of `prompt` after BOS (a document's start, as in training); one-line errors,
-    naming the prompt's source `where`, for an empty prompt and one longer than the context."""
+def encode_prompt(prompt: str, tokenizer, n_ctx: int, truncate: bool = False, name: str = "prompt") -> list[int]:
+    """Token ids of `prompt` after BOS (a document's start, as in training), its first `n_ctx`
+    when `truncate`; one-line errors naming the argument `name` (the CLI: its flag) for an
+    empty prompt and, without `truncate`, one longer than the context."""
     if not prompt.strip():
-        raise ValueError(f"{where} is empty: give some text to attribute")
+        raise ValueError(f"{name} is empty: give some text to attribute")
     ids = tokenizer.encode(prompt).ids
     bos = tokenizer.token_to_id(BOS)
     if bos is not None:
         ids = [bos] + ids
     if len(ids) > n_ctx:
-        raise ValueError(f"{where} has {len(ids)} tokens, more than the model's context of {n_ctx}: shorten it")
+        if truncate:
+            return ids[:n_ctx]
+        raise ValueError(f"{name} has {len(ids)} tokens, more than the model's context of {n_ctx}: shorten it"
+                         + ("" if name.startswith("-") else " or pass truncate=True"))
     return ids
 
 
-def target_id(target: str, tokenizer) -> int:
-    """The vocabulary id of `--target`: text the tokenizer makes one token of (a word, with its
-    word-start mark), else a piece of the vocabulary as written."""
+def target_id(target: str, tokenizer, name: str = "target") -> int:
+    """The vocabulary id of `target`: text the tokenizer makes one token of (a word, with its
+    word-start mark), else a piece of the vocabulary as written. Errors name the argument
+    `name` (the CLI: its flag)."""
     ids = tokenizer.encode(target).ids
     if len(ids) == 1:
         return ids[0]
@@ -109,7 +114,7 @@ def target_id(target: str, tokenizer) -> int:
     if direct is not None:
         return direct
     pieces = [tokenizer.id_to_token(i) for i in ids]
-    raise ValueError(f"--target {target!r} is not a token of the vocabulary (it splits into {pieces})")
+    raise ValueError(f"{name} {target!r} is not a token of the vocabulary (it splits into {pieces})")
 
 
 def load_layer_saes(run: RunPaths, inputs: ModelInputs, plan: dict[int, LayerPlan]) -> dict[int, LayerSAETensors]:
@@ -130,15 +135,22 @@ def load_layer_saes(run: RunPaths, inputs: ModelInputs, plan: dict[int, LayerPla
 
 
 def float64_model(inputs: ModelInputs):
-    """A float64 copy of the model on `GRAPH_DEVICE` (TransformerLens prints when it casts)."""
+    """A float64 copy of the model on `GRAPH_DEVICE`."""
+    return float64_copy(inputs.model)
+
+
+def float64_copy(model):
+    """A float64 copy of a `HookedTransformer` on `GRAPH_DEVICE`, the model itself untouched
+    (TransformerLens prints when it casts)."""
     with contextlib.redirect_stdout(io.StringIO()):
-        return copy.deepcopy(inputs.model).to(GRAPH_DEVICE).to(torch.float64)
+        return copy.deepcopy(model).to(GRAPH_DEVICE).to(torch.float64)
 
 
 def build_graph(prompt: str, model, tokenizer, saes: dict[int, LayerSAETensors], cfg: GraphConfig,
-                taken: set[str] | None = None, progress=None) -> PromptGraph:
-    """The pruned, scored attribution graph of `prompt` (`model` in float64)."""
-    ids = encode_prompt(prompt, tokenizer, model.cfg.n_ctx)
+                taken: set[str] | None = None, progress=None, truncate: bool = False) -> PromptGraph:
+    """The pruned, scored attribution graph of `prompt` (`model` in float64, its first
+    `n_ctx` tokens when `truncate`)."""
+    ids = encode_prompt(prompt, tokenizer, model.cfg.n_ctx, truncate)
     tokens = torch.tensor(ids)
     with torch.no_grad():
         logits, cache = model.run_with_cache(tokens.unsqueeze(0), names_filter=_frozen_hooks)

@@ -32,7 +32,7 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
     if where is None:
         where = ["--prompt"] if len(prompts) == 1 else [f"prompt {i} of {len(prompts)}" for i in range(1, len(prompts) + 1)]
     for prompt, source in zip(prompts, where):
-        encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, source)
+        encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, name=source)
     model = float64_model(inputs)
     features = read(run.tables, "features")
     done, taken = [], set()

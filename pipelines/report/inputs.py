@@ -84,6 +84,20 @@ def scatter_samples(samples: pd.DataFrame | None, layer: int, feature: int | Non
     return mine.sort_values(["_order", "n_eigs", "sample"], kind="stable").drop(columns="_order")
 
 
+def scatter_panels(samples: pd.DataFrame) -> list[tuple[str, np.ndarray, np.ndarray, float]]:
+    """The panels of `figures.scatter` for one feature's `scatter_samples`: per rank, the
+    approximation (plus the encoder offset, making it the pre-activation, when known), the
+    activation and their correlation on the sampled tokens."""
+    panels = []
+    for r, rows in samples.groupby("n_eigs"):
+        offset = rows["offset"].to_numpy()
+        x = rows["approx"].to_numpy() + (np.nan_to_num(offset) if np.isfinite(offset).all() else 0.0)
+        y = rows["activation"].to_numpy()
+        corr = float(np.corrcoef(x, y)[0, 1]) if len(y) > 1 and x.std() > 0 and y.std() > 0 else float("nan")
+        panels.append((f"rank {r}", x, y, corr))
+    return panels
+
+
 def interaction_submatrix(model, layer: int, feature: int, saes: LayerSAEs, inputs: list[int]) -> np.ndarray:
     """`Qt` of one output feature over the given input features (`circuits.sae_basis.project`)."""
     mlp = from_hooked_transformer(model, layer).to(torch.float64)

@@ -31,7 +31,8 @@ from pipelines.report import figures
 from pipelines.schemas import read
 from pipelines.inputs import LayerPlan, LayerSAEs, ModelInputs, check_tables_match
 from pipelines.report.config import ReportConfig
-from pipelines.report.inputs import ReportData, interaction_submatrix, load_report_data, scatter_samples
+from pipelines.report.inputs import (ReportData, interaction_submatrix, load_report_data, scatter_panels,
+                                     scatter_samples)
 
 MEMBERS_SHOWN = 8  # input features listed per side of a candidate (the explorer lists them all)
 CANDIDATE_COLUMNS = ["circuit_rank", "out_feature", "members_a", "members_b", "label_a", "label_b", "gate_type",
@@ -314,13 +315,7 @@ def _scatter(data: ReportData, layer: int, f: int, pictures: _Pictures, name: st
     samples = scatter_samples(data.table("lowrank_samples"), layer, f)
     if samples.empty:
         return None
-    panels = []
-    for r, rows in samples.groupby("n_eigs"):
-        offset = rows["offset"].to_numpy()
-        x = rows["approx"].to_numpy() + (np.nan_to_num(offset) if np.isfinite(offset).all() else 0.0)
-        y = rows["activation"].to_numpy()
-        corr = float(np.corrcoef(x, y)[0, 1]) if len(y) > 1 and x.std() > 0 and y.std() > 0 else float("nan")
-        panels.append((f"rank {r}", x, y, corr))
+    panels = scatter_panels(samples)
     n = len(samples) // len(panels)
     title = f"layer {layer}, {_label(data, layer, (OUTPUT_SITE,), f)[:90]} ({n} sampled active tokens)"
     return pictures.draw(f"{name}_scatter.png", figures.scatter, panels, title)

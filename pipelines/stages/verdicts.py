@@ -9,10 +9,8 @@ import pandas as pd
 
 from circuits.sites import OUTPUT_SITE
 from pipelines import schemas, summary
-from pipelines.analysis.features import boosted_token_ids
-from pipelines.analysis.judge import CIRCUIT_READS, judge_layer
-from pipelines.analysis.verdicts import InputFacts
-from pipelines.data.tags import tags_of
+from pipelines.analysis.judge import CIRCUIT_READS
+from pipelines.analysis.single import judge_tables
 from pipelines.engine.files import digest
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.stamps import Stamp
@@ -47,12 +45,8 @@ class Verdicts(TableStage):
         circuits = {name: schemas.select(schemas.read(run.tables, name, [layer]), saes.input_site)
                     for name in CIRCUIT_READS}
         features, labels = (schemas.read(run.tables, name, [layer]) for name in ("features", "feature_labels"))
-        model = work.lm.model
-        boosted = boosted_token_ids(model, saes.sae_out.weights.W_dec, work.lm.tokenizer, work.lm.untrained)
-        facts = InputFacts.of(features, labels, layer, saes.input_site, job.rules)
-        yield part, judge_layer(model, saes, work.store.held_out, circuits, facts=facts,
-                                tags=tags_of(labels, schemas.GATE_TAGS), boosted=boosted, cfg=job.rules,
-                                streams=work.streams)
+        yield part, judge_tables(work.lm.model, saes, work.store.held_out, circuits, features, labels,
+                                 work.lm.tokenizer, work.lm.untrained, job.rules, streams=work.streams)
         work.report(job.rules.rows * work.store.held_out.n_ctx)
 
     def result(self, work: StageInputs, job: VerdictsJob, plan: Plan, computed: list[Part]) -> pd.DataFrame:
