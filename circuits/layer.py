@@ -62,6 +62,7 @@ class CircuitConfig(Config):
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """`dtype` as the torch dtype the analysis computes in."""
         return getattr(torch, self.dtype)
 
 
