@@ -43,9 +43,8 @@ import pyarrow as pa
 
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tags import present_tags
-from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.serve import viewer_url
+from pipelines.graph.serve import read_index, viewer_path
 from pipelines.engine.tables import read_table
 from pipelines.report.inputs import scatter_samples
 from pipelines.schemas import GATE_TAGS, TABLES, select
@@ -427,9 +426,10 @@ def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list
         "counts": [{"layer": k[0], "site": k[1], "n": v} for k, v in sorted(counts.items())],
         "sae_metrics": encode_table(metrics.sort_values(["layer", "site"]) if metrics is not None else None),
         "report": run.report_page.is_file(),
-        # attribution graphs: their JSON, opened in circuit-tracer's viewer by `graph --serve`
-        "graphs": [{"slug": g["slug"], "prompt": g["prompt"], "viewer": viewer_url(g["slug"])}
-                   for g in (read_json(run.graph_index) or {"graphs": []})["graphs"]],
+        # attribution graphs: their JSON, and circuit-tracer's viewer where `explore --serve` or
+        # `graph --serve` serves it (a path relative to the explorer's root there)
+        "graphs": [{"slug": g["slug"], "prompt": str(g.get("prompt", "")), "viewer": viewer_path(g["slug"])}
+                   for g in read_index(run.graph_index)],
         "digits": DIGITS,
         # the gate tags the verdicts carry (`pipelines.data.tags`): a column of gate_verdicts each
         "gate_tags": [{"column": tag.column, "name": tag.name, "doc": tag.doc}

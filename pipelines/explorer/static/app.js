@@ -174,7 +174,7 @@
       (meta.report ? ' <a href="../report/index.html">Report</a>' : "") +
       (meta.graphs && meta.graphs.length ? ' <span class="graphs">Graphs: ' + meta.graphs.map((g) =>
         `<a href="${esc(g.viewer)}" title="${esc(g.prompt)} ` +
-        `(circuit-tracer's viewer: run bilinear-circuits graph --serve)">${esc(g.prompt.slice(0, 24))}</a> ` +
+        `(circuit-tracer's viewer: open the explorer from bilinear-circuits explore --serve or graph --serve)">${esc(g.prompt.slice(0, 24))}</a> ` +
         `(<a href="../graphs/${encodeURIComponent(g.slug)}.json">JSON</a>)`).join(", ") + "</span>" : "");
     const sw = document.getElementById("site-switch");
     if (meta.input_sites.length > 1) {
