@@ -44,7 +44,8 @@ import pyarrow as pa
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tags import present_tags
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.serve import read_index, viewer_path
+from pipelines.graph.export import read_index
+from pipelines.graph.serve import viewer_path
 from pipelines.engine.tables import read_table
 from pipelines.report.inputs import scatter_samples
 from pipelines.schemas import GATE_TAGS, TABLES, select

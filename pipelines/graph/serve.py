@@ -15,9 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
-from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
 from pipelines.engine.server import FolderServer
+from pipelines.graph.export import read_index
 
 DEFAULT_PORT = 8032  # circuit-tracer's
 HOST = "127.0.0.1"
@@ -46,19 +46,6 @@ def run_mounts(run: RunPaths) -> dict[str, Path]:
     if assets is not None:
         mounts.update({VIEWER: assets, f"{VIEWER}data/": run.graphs, f"{VIEWER}graph_data/": run.graphs})
     return mounts
-
-
-def read_index(index: Path) -> list[dict]:
-    """The graph entries of `graph-metadata.json` (empty when the file is missing); a one-line
-    error naming the file when it is unreadable or not the viewer's index."""
-    if not index.exists():
-        return []
-    data = read_json(index)
-    graphs = data.get("graphs") if isinstance(data, dict) else None
-    if not isinstance(graphs, list) or not all(isinstance(g, dict) and isinstance(g.get("slug"), str) for g in graphs):
-        raise ValueError(f"{index} is not a graph index (a JSON object whose 'graphs' list has a 'slug' per graph): "
-                         "delete it and rerun `bilinear-circuits graph` for the prompts you want")
-    return graphs
 
 
 def graph_server(run: RunPaths, port: int = DEFAULT_PORT, host: str = HOST) -> FolderServer:

@@ -7,7 +7,8 @@ from tqdm.auto import tqdm
 
 from circuits.attribution import INPUT, INPUT_ERROR, LOGIT, OUTPUT, TOKEN, strongest_path
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.build import PromptGraph, build_graph, float64_model, load_layer_saes, target_id
+from pipelines.graph.build import (PromptGraph, build_graph, float64_model, graph_name, load_layer_saes,
+                                   target_id)
 from pipelines.graph.export import write_graph
 from pipelines.inputs import ModelInputs
 from pipelines.schemas import read
@@ -25,10 +26,11 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
     if cfg.target is not None:  # a bad target is a usage error before any work
         target_id(cfg.target, inputs.tokenizer)
     features = read(run.tables, "features")
-    done, taken = [], set()
+    # what shapes a graph besides its prompt names it: a rerun with the same replaces it, nothing else does
+    settings = {"graph": cfg.recipe(), "layers": sorted(saes), "sae_in": job.sae_in, "sae_out": job.sae_out}
+    done = []
     for prompt in tqdm(prompts, desc="attribution graphs", unit="prompt", disable=not progress or len(prompts) < 2):
-        pg = build_graph(prompt, model, inputs.tokenizer, saes, cfg, taken)
-        taken.add(pg.slug)
+        pg = build_graph(prompt, model, inputs.tokenizer, saes, cfg, graph_name(prompt, settings))
         write_graph(pg, run, features)
         done.append(pg)
     return done
