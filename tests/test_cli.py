@@ -187,6 +187,9 @@ def test_other_outputs_and_an_mlp_in_input_sae(run, tmp_path):
     sel = gates[(gates["layer"] == 0) & (gates["input_site"] == "mlp_in")]
     assert set(sel["outputs"]) == {"sae", "hosvd", "logit:happy-sad", f"file:{tmp_path / 'dirs.npy'}"}
     assert sel.groupby("outputs")["out_feature"].nunique().to_dict()["hosvd"] == 4
+    # issue 51, item 22: the parts of logit: and file: outputs read as their value (they were hashed)
+    parts = sorted(p.stem for p in (run / "tables" / "eigen" / "layer0").glob("mlp_in-*.parquet"))
+    assert [p for p in parts if p.startswith("mlp_in-logit-happy-sad-")] and [p for p in parts if "-file-" in p and "dirs-npy" in p]
     lowrank = pd.read_parquet(run / "tables" / "lowrank")
     assert set(lowrank.loc[lowrank["input_site"] == "mlp_in", "outputs"]) == {"sae"}  # only SAE features have activity
     # verdicts of the mlp_in circuits sit beside those of resid_mid, which stay as they were
@@ -336,6 +339,7 @@ def test_demo_small_runs_every_stage(demo):
 
     run, out = demo
     assert "Best circuit candidates per layer, input pairs" in out and "report:" in out
+    assert f"explorer: {run / 'explorer' / 'index.html'}" in out  # issue 51, item 22
     assert "Best circuit candidates per layer, group gates" in out
     summary = json.loads((run / "lm" / "summary.json").read_text())
     assert summary["held_out_loss"] < summary["unigram_entropy"]  # the LM learned something

@@ -266,3 +266,57 @@ def test_the_explorers_graph_links_work_on_the_server_that_serves_it(run):
         finally:
             server.shutdown()
             server.server_close()
+
+
+def test_part_names_of_valued_outputs_read_and_stay_unique():
+    """Issue 51, item 22: `logit:`/`file:` output sets got parts named by a hash only."""
+    from pipelines.inputs import part_name
+
+    names = [part_name("resid_mid", spec, "encoder") for spec in
+             ("logit:happy-sad", "logit:Happy-Sad", "logit:happy sad", "file:/a/dirs.npy", "file:/b/dirs.npy")]
+    assert names[0].startswith("resid_mid-logit-happy-sad-") and "dirs-npy" in names[3]
+    assert len(set(names)) == len(names) and part_name("resid_mid", "sae", "encoder") == "resid_mid-sae"
+
+
+def test_attacks_from_a_page_fail_in_a_browser(served, run):
+    """Items 1 and 2 in Chromium: the viewer's page loads, while what a page can send (paths with
+    `//`, `..` and encoded traversal, a symlink, a form-like POST with `text/plain`, which needs
+    no CORS preflight) reads or writes nothing, and a name rebound to 127.0.0.1 gets no page."""
+    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed")
+    if chromium_path() is None:
+        pytest.skip("needs Debian's chromium")
+    port = served.server_address[1]
+    before = (run / "graphs" / "g.json").read_bytes(), (run / "graphs" / "graph-metadata.json").read_bytes()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), headless=True,
+                                    args=[*CHROMIUM_ARGS, "--host-resolver-rules=MAP rebind.test 127.0.0.1"])
+        page = browser.new_page()
+        page.route(lambda url: "127.0.0.1" not in url and "rebind.test" not in url, lambda route: route.abort())
+        assert page.goto(f"http://127.0.0.1:{port}/viewer/index.html").status == 200
+        got = page.evaluate("""async () => {
+            const out = {}
+            for (const path of ['/viewer/data//etc/passwd', '/viewer/data/../../lm/config.json',
+                                '/viewer/data/%2e%2e/%2e%2e/lm/config.json', '/viewer/data/..%2f..%2flm%2fconfig.json',
+                                '/viewer/data/link.json', '/graphs/lm/config.json', '/viewer/data/features/']) {
+                const r = await fetch(path)
+                out[path] = [r.status, await r.text()]
+            }
+            for (const path of ['/save_graph/g', '/viewer/save_graph/g', '/save_graph/graph-metadata']) {
+                const r = await fetch(path, {method: 'POST', headers: {'Content-Type': 'text/plain'},
+                                             body: JSON.stringify({qParams: {pinnedIds: ['x']}, graphs: []})})
+                out['POST ' + path] = [r.status, '']
+            }
+            return out
+        }""")
+        rebound = page.goto(f"http://rebind.test:{port}/viewer/data/g.json")
+        rebound_status, rebound_body = rebound.status, rebound.text()
+        browser.close()
+    for path, (status, body) in got.items():
+        assert status >= 400 and SECRET not in body and "root:" not in body, (path, status)
+    assert rebound_status == 421 and '"nodes"' not in rebound_body
+    assert ((run / "graphs" / "g.json").read_bytes(), (run / "graphs" / "graph-metadata.json").read_bytes()) == before
