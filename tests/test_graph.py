@@ -169,6 +169,21 @@ def _viewer_scripts() -> dict[str, str]:
             "jetpack_2024-07-20.js": (Path(__file__).parent / "circuit_tracer_viewer_shim.js").read_text()}
 
 
+def _viewer_page(p, port: int, errors: list):
+    """Chromium and a page for the viewer served on `port`: its scripts from the web replaced by
+    `_viewer_scripts`, page errors collected in `errors`."""
+    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+
+    scripts = _viewer_scripts()
+    browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route(lambda url: not url.startswith(f"http://127.0.0.1:{port}/"),
+               lambda route: route.fulfill(body=scripts.get(route.request.url.rsplit("/", 1)[1], ""),
+                                           content_type="application/javascript"))
+    return browser, page
+
+
 def test_circuit_tracers_viewer_draws_the_served_graph(run):
     """circuit-tracer's own server and front end, in Debian's chromium: the page lists our
     graphs, fetches the one asked for, its own data code keeps every node and link, its link
@@ -178,7 +193,7 @@ def test_circuit_tracers_viewer_draws_the_served_graph(run):
     The viewer loads d3 and its helpers from the web; here they come from npm and from our shim
     of the viewer's jetpack build (`_viewer_scripts`).
     """
-    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+    from tests.test_explorer import chromium_path
 
     try:
         from playwright.sync_api import sync_playwright
@@ -198,17 +213,11 @@ def test_circuit_tracers_viewer_draws_the_served_graph(run):
     assert server.server_address[0] == "127.0.0.1"
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    scripts = _viewer_scripts()
     errors, fetched = [], []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(str(e)))
+            browser, page = _viewer_page(p, port, errors)
             page.on("response", lambda r: fetched.append((r.status, r.url)))
-            page.route(lambda url: not url.startswith(f"http://127.0.0.1:{port}/"),
-                       lambda route: route.fulfill(body=scripts.get(route.request.url.rsplit("/", 1)[1], ""),
-                                                   content_type="application/javascript"))
             page.goto(f"http://127.0.0.1:{port}/{viewer_path(slug)}")
             page.wait_for_function("document.querySelectorAll('select.graph-prompt-select option').length > 0")
             options = page.eval_on_selector_all("select.graph-prompt-select option", "els => els.map(e => e.value)")
@@ -338,7 +347,7 @@ def test_html_in_labels_runs_no_script_in_the_viewer(run, tmp_path):
     tooltip inserts as HTML, and ran script on hover. With every feature description (what the
     labels become) and the prompt carrying an `<img onerror>`, hovering every node of circuit-
     tracer's viewer, served by `graph --serve`'s server, runs nothing and shows the text."""
-    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+    from tests.test_explorer import chromium_path
 
     try:
         from playwright.sync_api import sync_playwright
@@ -360,16 +369,10 @@ def test_html_in_labels_runs_no_script_in_the_viewer(run, tmp_path):
     server = graph_server(RunPaths(out), 0)
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    scripts = _viewer_scripts()
     errors, shown = [], []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.route(lambda url: not url.startswith(f"http://127.0.0.1:{port}/"),
-                       lambda route: route.fulfill(body=scripts.get(route.request.url.rsplit("/", 1)[1], ""),
-                                                   content_type="application/javascript"))
+            browser, page = _viewer_page(p, port, errors)
             page.goto(f"http://127.0.0.1:{port}/{viewer_path(slug)}")
             page.wait_for_function("document.querySelectorAll('.link-graph text.node').length > 0", timeout=20000)
             marks = page.eval_on_selector_all(".link-graph text.node", """els => els.map(e => {
