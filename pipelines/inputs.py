@@ -157,7 +157,8 @@ def part_name(input_site: str, spec: str, basis: str) -> str:
     name = outputs_name(spec, basis)
     if ":" in name:
         kind, value = spec.split(":", 1)
-        name = f"{kind}-{readable_name(value, spec, width=24, digits=8)}"
+        words = Path(value).name if kind == "file" else value  # a path reads as its file's name
+        name = f"{kind}-{readable_name(words, spec, width=24, digits=8)}"
     return f"{input_site}-{name}"
 
 

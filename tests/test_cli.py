@@ -181,6 +181,11 @@ def test_other_outputs_and_an_mlp_in_input_sae(run, tmp_path):
     assert main(["train-saes", "--out", str(run), "--sites", "mlp_in", "--layers", "0", "--train-tokens", "40960",
                  "--batch-size", "1024", "--k", "4"]) == 0
     outputs = f"sae,hosvd,logit:happy-sad,file:{tmp_path / 'dirs.npy'}"
+    # a part under the hashed name earlier versions gave `logit:` sets: replaced by the readable one
+    from pipelines.engine.files import text_digest
+
+    hashed = run / "tables" / "eigen" / "layer0" / f"mlp_in-logit-{text_digest('logit:happy-sad')[:8]}.parquet"
+    shutil.copyfile(next((run / "tables" / "eigen" / "layer0").glob("resid_mid-*.parquet")), hashed)
     assert main(["circuits", "--out", str(run), "--layers", "0", "--input-site", "mlp_in", "--outputs", outputs,
                  "--n-hosvd", "4", *CIRCUITS]) == 0
     gates = pd.read_parquet(run / "tables" / "eigen")
@@ -190,6 +195,7 @@ def test_other_outputs_and_an_mlp_in_input_sae(run, tmp_path):
     # issue 51, item 22: the parts of logit: and file: outputs read as their value (they were hashed)
     parts = sorted(p.stem for p in (run / "tables" / "eigen" / "layer0").glob("mlp_in-*.parquet"))
     assert [p for p in parts if p.startswith("mlp_in-logit-happy-sad-")] and [p for p in parts if "-file-" in p and "dirs-npy" in p]
+    assert not hashed.exists()
     lowrank = pd.read_parquet(run / "tables" / "lowrank")
     assert set(lowrank.loc[lowrank["input_site"] == "mlp_in", "outputs"]) == {"sae"}  # only SAE features have activity
     # verdicts of the mlp_in circuits sit beside those of resid_mid, which stay as they were
