@@ -247,6 +247,7 @@ def cmd_explore(args: argparse.Namespace):
 def cmd_graph(args: argparse.Namespace):
     from pipelines.engine.paths import RunPaths
     from pipelines.graph.build import read_prompts
+    from pipelines.graph.export import read_index
     from pipelines.graph.serve import graph_server, served_lines
     from pipelines.graph.stage import describe, make_graphs
     from pipelines.inputs import ModelInputs
@@ -257,6 +258,7 @@ def cmd_graph(args: argparse.Namespace):
     if args.prompt is not None or args.prompts is not None or not args.serve:
         job = job_from(args, GraphJob)
         prompts = read_prompts(args.prompt, args.prompts)
+        read_index(run.graph_index)  # an index the graphs cannot be added to: said before any work
         runtime = _runtime(args)
         inputs = ModelInputs(Path(args.model or run.lm), runtime.device)
         with runtime.torch_threads():

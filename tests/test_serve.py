@@ -228,6 +228,11 @@ def test_an_empty_or_corrupt_index_is_one_line_naming_the_file(run, capsys, monk
     index.write_text(content)
     code, out, err, _ = serve_cli(run, "--port", "0", capsys=capsys, monkeypatch=monkeypatch)
     assert code == 2 and len(err.strip().splitlines()) == 1 and str(index) in err, err
+    # building a graph adds to it: refused before any work (this run has no model to load)
+    if content.strip() != '{"graphs": []}':
+        assert main(["graph", "--out", str(run), "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert str(index) in err and "model" not in err, err
     # the explorer reads the same index
     code = main(["explore", "--out", str(run)])
     err = capsys.readouterr().err
