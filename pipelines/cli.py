@@ -3,7 +3,7 @@
 Options come from the job configs (`pipelines.jobs`) and the runtime (`pipelines.runtime`)
 through `pipelines.options`. Arguments are checked, and the model's config read, before
 anything heavy loads, so usage errors come at once. Every command holds the run directory's
-lock while it works (`explore --serve` serves once it has let it go), and reports errors, a busy run or Ctrl-C as one line (exit 2, or 130
+lock while it works (`explore --serve` and `graph --serve` serve once it has let it go), and reports errors, a busy run or Ctrl-C as one line (exit 2, or 130
 for an interruption) instead of a traceback; `--debug` shows the traceback instead.
 """
 

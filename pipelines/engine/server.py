@@ -22,6 +22,7 @@ import http
 import http.server
 import ipaddress
 import mimetypes
+import os
 import shutil
 import sys
 import urllib.parse
@@ -120,11 +121,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except UnicodeDecodeError:
             parts = None
         path = None if parts is None else self.server.find(parts)
-        if path is None:
+        try:
+            file = None if path is None else open(path, "rb")
+        except OSError:  # replaced or removed since it was resolved
+            file = None
+        if file is None:
             self.send_error(http.HTTPStatus.NOT_FOUND)
             return
-        with open(path, "rb") as file:
-            size = path.stat().st_size
+        with file:
+            size = os.fstat(file.fileno()).st_size  # of the file opened, whatever replaced it since
             self.send_response(http.HTTPStatus.OK)
             self.send_header("Content-Type", TYPES.get(path.suffix) or mimetypes.guess_type(path.name)[0]
                              or "application/octet-stream")
