@@ -3,7 +3,7 @@
 Options come from the job configs (`pipelines.jobs`) and the runtime (`pipelines.runtime`)
 through `pipelines.options`. Arguments are checked, and the model's config read, before
 anything heavy loads, so usage errors come at once. Every command holds the run directory's
-lock while it works (`explore --serve` serves once it has let it go), and reports errors, a busy run or Ctrl-C as one line (exit 2, or 130
+lock while it works (`explore --serve` and `graph --serve` serve once it has let it go), and reports errors, a busy run or Ctrl-C as one line (exit 2, or 130
 for an interruption) instead of a traceback; `--debug` shows the traceback instead.
 """
 
@@ -237,11 +237,11 @@ def cmd_explore(args: argparse.Namespace):
     return None
 
 
-def cmd_graph(args: argparse.Namespace) -> None:
-    from pipelines.engine.files import read_json
+def cmd_graph(args: argparse.Namespace):
     from pipelines.engine.paths import RunPaths
     from pipelines.graph.build import read_prompts, target_id
-    from pipelines.graph.serve import graph_server, viewer_url
+    from pipelines.graph.export import read_index
+    from pipelines.graph.serve import graph_server, served_lines
     from pipelines.graph.stage import describe, make_graphs
     from pipelines.inputs import ModelInputs
     from pipelines.jobs import GraphJob
@@ -251,6 +251,7 @@ def cmd_graph(args: argparse.Namespace) -> None:
     if args.prompt is not None or args.prompts is not None or not args.serve:
         job = job_from(args, GraphJob)
         prompts, where = read_prompts(args.prompt, args.prompts)
+        read_index(run.graph_index)  # an index the graphs cannot be added to: said before any work
         runtime = _runtime(args)
         inputs = ModelInputs(Path(args.model or run.lm), runtime.device)
         if job.graph.target is not None:  # a usage error names the flag, before any work
@@ -260,14 +261,10 @@ def cmd_graph(args: argparse.Namespace) -> None:
         for pg in graphs:
             print("\n".join(describe(pg)))
         print(f"graphs in {run.graphs}; tables graph_nodes, graph_edges, graph_and_edges in {run.tables}")
-    if args.serve:
+    if args.serve:  # serving only reads: no lock held while it runs, as for explore --serve
         server = graph_server(run, args.port)
-        last = read_json(run.graph_index)["graphs"][-1]["slug"]
-        print(f"circuit-tracer's viewer: {viewer_url(last, args.port)} (Ctrl-C stops it)", flush=True)
-        try:
-            server.serve_forever()
-        finally:
-            server.server_close()
+        return lambda: server.run_until_interrupted(served_lines(run, server))
+    return None
 
 
 def cmd_demo(args: argparse.Namespace) -> None:
@@ -396,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "error nodes; default: every layer with SAEs)")
     p.add_argument("--serve", action="store_true", help="serve OUT/graphs in circuit-tracer's viewer on 127.0.0.1 "
                                                          "(after building any prompts given)")
-    p.add_argument("--port", type=int, default=8032, help="port of --serve (default: %(default)s)")
+    p.add_argument("--port", type=whole_number("--port", 0, 65535), default=8032,
+                   help="port of --serve, 0 for any free one (default: %(default)s)")
     add_job(p, GraphJob)
     p.set_defaults(func=cmd_graph)
 

@@ -107,10 +107,12 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
                      read(run.tables, "group_gates", layers))
     with runtime.torch_threads():
         print("\n".join(negation_graph(run, lm, cfg)))
-    if cfg.explorer:
-        write_explorer(run)
+    explorer = write_explorer(run) if cfg.explorer else None
     report = write_report(run, cfg.report, lm, plan, processes=runtime.threads)
     print(f"report: {report}")
+    if explorer is not None:
+        print(f"explorer: {explorer} (opens from the file system; `bilinear-circuits explore --out {run.root} --serve` "
+              "or `graph --serve` also shows the graphs in circuit-tracer's viewer)")
 
 
 def negation_graph(run: RunPaths, lm: ModelInputs, cfg: DemoConfig) -> list[str]:

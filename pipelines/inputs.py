@@ -22,7 +22,7 @@ from circuits.sae_basis import token_scale
 from pipelines.data.tokenizer import load_tokenizer
 from pipelines.data.corpus import CorpusConfig
 from pipelines.data.tokens import TokenRows, TokenStore, open_token_store
-from pipelines.engine.files import digest, read_json, text_digest
+from pipelines.engine.files import digest, read_json, readable_name
 from pipelines.engine.paths import ModelPaths, RunPaths, stamp_of
 from pipelines.engine.tables import provenance, table_path
 from pipelines.lm.model import ModelConfig, load_config, load_model, model_digest
@@ -151,11 +151,14 @@ def outputs_name(spec: str, basis: str) -> str:
 
 
 def part_name(input_site: str, spec: str, basis: str) -> str:
-    """File name of one output set's tables within a layer's folder, e.g. `resid_mid-sae`
-    (a spec with a value, `logit:...` or `file:...`, is named by its kind and digest)."""
+    """File name of one output set's tables within a layer's folder, e.g. `resid_mid-sae`; a spec
+    with a value is named by its kind, the value's words and a digest of the spec, e.g.
+    `resid_mid-logit-happy-sad-<digest>` or `resid_mid-file-dirs-npy-<digest>`."""
     name = outputs_name(spec, basis)
     if ":" in name:
-        name = spec.split(":", 1)[0] + "-" + text_digest(spec)[:8]
+        kind, value = spec.split(":", 1)
+        words = Path(value).name if kind == "file" else value  # a path reads as its file's name
+        name = f"{kind}-{readable_name(words, spec, width=24, digits=8)}"
     return f"{input_site}-{name}"
 
 

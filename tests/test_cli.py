@@ -181,12 +181,21 @@ def test_other_outputs_and_an_mlp_in_input_sae(run, tmp_path):
     assert main(["train-saes", "--out", str(run), "--sites", "mlp_in", "--layers", "0", "--train-tokens", "40960",
                  "--batch-size", "1024", "--k", "4"]) == 0
     outputs = f"sae,hosvd,logit:happy-sad,file:{tmp_path / 'dirs.npy'}"
+    # a part under the hashed name earlier versions gave `logit:` sets: replaced by the readable one
+    from pipelines.engine.files import text_digest
+
+    hashed = run / "tables" / "eigen" / "layer0" / f"mlp_in-logit-{text_digest('logit:happy-sad')[:8]}.parquet"
+    shutil.copyfile(next((run / "tables" / "eigen" / "layer0").glob("resid_mid-*.parquet")), hashed)
     assert main(["circuits", "--out", str(run), "--layers", "0", "--input-site", "mlp_in", "--outputs", outputs,
                  "--n-hosvd", "4", *CIRCUITS]) == 0
     gates = pd.read_parquet(run / "tables" / "eigen")
     sel = gates[(gates["layer"] == 0) & (gates["input_site"] == "mlp_in")]
     assert set(sel["outputs"]) == {"sae", "hosvd", "logit:happy-sad", f"file:{tmp_path / 'dirs.npy'}"}
     assert sel.groupby("outputs")["out_feature"].nunique().to_dict()["hosvd"] == 4
+    # issue 51, item 22: the parts of logit: and file: outputs read as their value (they were hashed)
+    parts = sorted(p.stem for p in (run / "tables" / "eigen" / "layer0").glob("mlp_in-*.parquet"))
+    assert [p for p in parts if p.startswith("mlp_in-logit-happy-sad-")] and [p for p in parts if "-file-" in p and "dirs-npy" in p]
+    assert not hashed.exists()
     lowrank = pd.read_parquet(run / "tables" / "lowrank")
     assert set(lowrank.loc[lowrank["input_site"] == "mlp_in", "outputs"]) == {"sae"}  # only SAE features have activity
     # verdicts of the mlp_in circuits sit beside those of resid_mid, which stay as they were
@@ -336,6 +345,7 @@ def test_demo_small_runs_every_stage(demo):
 
     run, out = demo
     assert "Best circuit candidates per layer, input pairs" in out and "report:" in out
+    assert f"explorer: {run / 'explorer' / 'index.html'}" in out  # issue 51, item 22
     assert "Best circuit candidates per layer, group gates" in out
     summary = json.loads((run / "lm" / "summary.json").read_text())
     assert summary["held_out_loss"] < summary["unigram_entropy"]  # the LM learned something

@@ -1062,6 +1062,30 @@ def test_the_first_page_leads_with_each_layers_ranked_circuits(browser, syntheti
     assert not page.errors, page.errors
 
 
+def test_the_first_page_describes_each_sides_inputs(browser, synthetic_site):
+    """Issue 51, item 23: the ranked circuits listed each side's inputs as bare ids (`in #332`);
+    each now carries its short description from the features table, as the report does."""
+    site = synthetic_site
+    page = Page(browser, site.explorer)
+    p = page.page
+    page.open()
+    features = read_table(site.tables, "features")
+    inputs = features[features["site"] == "resid_mid"]
+    desc = {(int(r.layer), int(r.feature)): r.description for r in inputs.itertuples()}
+    seen = 0
+    for layer in (0, 1):
+        sides = p.eval_on_selector_all(f"table.ranked[data-layer='{layer}'] tbody tr", """rows => rows.flatMap(r =>
+            [r.cells[3], r.cells[4]].flatMap(c => [...c.querySelectorAll('a.feat')].map(a =>
+                [a.textContent, a.nextElementSibling && a.nextElementSibling.classList.contains('desc')
+                    ? a.nextElementSibling.textContent : null])))""")
+        for text, shown in sides:
+            want = desc.get((layer, int(text.split("#")[1])))
+            if want:
+                seen += 1
+                assert shown and (shown == want or (shown.endswith("…") and want.startswith(shown[:-1]))), (text, shown)
+    assert seen > 0 and not page.errors, page.errors
+
+
 def test_layers_whose_verdicts_were_not_run_say_so_in_a_browser(browser, synthetic_site, tmp_path):
     run = RunPaths(tmp_path / "run")
     shutil.copytree(synthetic_site.paths.root, run.root)

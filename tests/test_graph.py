@@ -36,6 +36,11 @@ def run(tmp_path_factory):
     return out
 
 
+def _last_slug(run: Path) -> str:
+    """The name of the graph written last (graph names carry a digest of prompt and settings)."""
+    return json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"][-1]["slug"]
+
+
 def test_files_pass_circuit_tracers_schemas(run):
     from circuit_tracer.frontend.feature_models import Model as Feature
     from circuit_tracer.frontend.graph_models import Model
@@ -85,7 +90,7 @@ def test_tables_add_up_and_match_the_json(run):
 def test_target_option_and_bad_input(run, tmp_path, capsys):
     base = ["--out", str(run), "--threads", "1"]
     assert main(["graph", *base, "--prompt", "She was not", "--target", "happy"]) == 0
-    data = json.loads((run / "graphs" / "she-was-not.json").read_text())
+    data = json.loads((run / "graphs" / f"{_last_slug(run)}.json").read_text())
     assert [n["clerp"] for n in data["nodes"] if n["feature_type"] == "logit"][0].startswith('Output "happy"')
     capsys.readouterr()
     for args, message in [
@@ -127,7 +132,7 @@ def test_explicit_saes_of_one_layer(run):
     assert main(["graph", *out, "--prompt", "The dog was happy", "--layer", "1", "--sae-in",
                  str(run / "saes" / "layer1_resid_mid"), "--sae-out", str(run / "saes" / "layer1_mlp_out")]) == 0
     nodes = schemas.read(run / "tables", "graph_nodes")
-    nodes = nodes[nodes["prompt"] == "the-dog-was-happy"]
+    nodes = nodes[nodes["prompt"] == _last_slug(run)]
     features = nodes[nodes["kind"].isin(["input", "output"])]
     assert set(features["layer"]) == {1}
     # layer 0's MLP is one error node per position, holding its whole output
@@ -239,6 +244,21 @@ def _viewer_scripts() -> dict[str, str]:
             "jetpack_2024-07-20.js": (Path(__file__).parent / "circuit_tracer_viewer_shim.js").read_text()}
 
 
+def _viewer_page(p, port: int, errors: list):
+    """Chromium and a page for the viewer served on `port`: its scripts from the web replaced by
+    `_viewer_scripts`, page errors collected in `errors`."""
+    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+
+    scripts = _viewer_scripts()
+    browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.route(lambda url: not url.startswith(f"http://127.0.0.1:{port}/"),
+               lambda route: route.fulfill(body=scripts.get(route.request.url.rsplit("/", 1)[1], ""),
+                                           content_type="application/javascript"))
+    return browser, page
+
+
 def test_circuit_tracers_viewer_draws_the_served_graph(run):
     """circuit-tracer's own server and front end, in Debian's chromium: the page lists our
     graphs, fetches the one asked for, its own data code keeps every node and link, its link
@@ -248,7 +268,7 @@ def test_circuit_tracers_viewer_draws_the_served_graph(run):
     The viewer loads d3 and its helpers from the web; here they come from npm and from our shim
     of the viewer's jetpack build (`_viewer_scripts`).
     """
-    from tests.test_explorer import CHROMIUM_ARGS, chromium_path
+    from tests.test_explorer import chromium_path
 
     try:
         from playwright.sync_api import sync_playwright
@@ -262,22 +282,18 @@ def test_circuit_tracers_viewer_draws_the_served_graph(run):
     data = json.loads((run / "graphs" / f"{slug}.json").read_text())
     from pipelines.engine.paths import RunPaths
 
+    from pipelines.graph.serve import viewer_path
+
     server = graph_server(RunPaths(run), 0)
     assert server.server_address[0] == "127.0.0.1"
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    scripts = _viewer_scripts()
     errors, fetched = [], []
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("pageerror", lambda e: errors.append(str(e)))
+            browser, page = _viewer_page(p, port, errors)
             page.on("response", lambda r: fetched.append((r.status, r.url)))
-            page.route(lambda url: not url.startswith(f"http://127.0.0.1:{port}/"),
-                       lambda route: route.fulfill(body=scripts.get(route.request.url.rsplit("/", 1)[1], ""),
-                                                   content_type="application/javascript"))
-            page.goto(f"http://127.0.0.1:{port}/index.html?slug={slug}")
+            page.goto(f"http://127.0.0.1:{port}/{viewer_path(slug)}")
             page.wait_for_function("document.querySelectorAll('select.graph-prompt-select option').length > 0")
             options = page.eval_on_selector_all("select.graph-prompt-select option", "els => els.map(e => e.value)")
             page.wait_for_function("document.querySelectorAll('.link-graph text.node').length > 0", timeout=20000)
@@ -311,7 +327,7 @@ def test_circuit_tracers_viewer_draws_the_served_graph(run):
         server.server_close()
     assert not errors, errors
     assert set(options) == {g["slug"] for g in json.loads((run / "graphs" / "graph-metadata.json").read_text())["graphs"]}
-    assert (200, f"http://127.0.0.1:{port}/graph_data/{slug}.json") in fetched
+    assert (200, f"http://127.0.0.1:{port}/viewer/graph_data/{slug}.json") in fetched
     assert sorted(seen["nodes"]) == sorted(n["node_id"] for n in data["nodes"])
     assert seen["links"] == len(data["links"])
     assert all(p > 0 for p in seen["logits"])  # the viewer parses each logit's probability from its label
@@ -352,3 +368,104 @@ def test_report_draws_each_graph(run, tmp_path):
     for g in shown:
         assert (tmp_path / g["picture"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert 0 <= g["replacement"] <= 1 and 0 <= g["completeness"] <= 1 and g["path"]
+
+
+def _copy_run(run: Path, tmp_path: Path) -> Path:
+    """A copy of the module's run for tests that write graphs (the other tests read its own)."""
+    out = tmp_path / "run"
+    shutil.copytree(run, out, ignore=shutil.ignore_patterns(".lock"))
+    return out
+
+
+def test_graph_names_never_collide_and_a_rerun_replaces_only_its_own(run, tmp_path):
+    """Issue 51, items 5 and 6: prompts differing in case or punctuation, sharing their first 60
+    slug characters, ending in a number like the old "-2" suffix, made of punctuation or of
+    non-Latin letters overwrote each other's JSON, index entry and table parts across commands;
+    the prompt "Graph metadata" replaced the viewer's index. Each is one command here."""
+    out = _copy_run(run, tmp_path)
+    base = ["--out", str(out), "--threads", "1"]
+    long = "Once upon a time there was a girl who liked to play in the park with"
+    prompts = ["Lily was sad. She was not", "lily was sad; she was NOT", long + " her dog", long + " her cat",
+               "Lily was sad", "Lily was sad 2", "?!", "...", "Graph metadata", "features", "Лили была грустной",
+               "莉莉很难过"]
+    index = out / "graphs" / "graph-metadata.json"
+    before = {g["slug"] for g in json.loads(index.read_text())["graphs"]}
+    for prompt in prompts:
+        assert main(["graph", *base, "--prompt", prompt]) == 0, prompt
+    graphs = json.loads(index.read_text())["graphs"]
+    # the module's run has a graph of prompts[0] with these settings: it was replaced, not added
+    assert len(graphs) == len(before) + len(prompts) - 1 and len({g["slug"] for g in graphs}) == len(graphs)
+    mine = [next(g for g in graphs if g["prompt"] == prompt) for prompt in prompts]
+    slugs = [g["slug"] for g in mine]
+    assert len(set(slugs)) == len(prompts) and not {"graph-metadata", "features"} & set(slugs)
+    for g in mine:
+        assert json.loads((out / "graphs" / f"{g['slug']}.json").read_text())["metadata"]["prompt"] == g["prompt"]
+    nodes = pd.read_parquet(out / "tables" / "graph_nodes")
+    assert set(slugs) <= set(nodes["prompt"]) and before <= set(nodes["prompt"])  # earlier graphs kept
+    # the same prompt and settings again: its own graph replaced, nothing added
+    files = sorted(p.name for p in (out / "graphs").iterdir())
+    assert main(["graph", *base, "--prompt", prompts[0]]) == 0
+    assert sorted(p.name for p in (out / "graphs").iterdir()) == files
+    again = json.loads(index.read_text())["graphs"]
+    assert len(again) == len(graphs) and again[-1]["slug"] == slugs[0]
+    assert len(pd.read_parquet(out / "tables" / "graph_nodes")) == len(nodes)
+    # other settings make another graph
+    assert main(["graph", *base, "--prompt", prompts[0], "--node-threshold", "0.5"]) == 0
+    assert len(json.loads(index.read_text())["graphs"]) == len(graphs) + 1
+
+
+XSS = '<img src=x onerror="window.__xss = (window.__xss || 0) + 1">'
+
+
+def test_html_in_labels_runs_no_script_in_the_viewer(run, tmp_path):
+    """Issue 51, item 3: a label holding HTML reached each node's `clerp`, which the viewer's
+    tooltip inserts as HTML, and ran script on hover. With every feature description (what the
+    labels become) and the prompt carrying an `<img onerror>`, hovering every node of circuit-
+    tracer's viewer, served by `graph --serve`'s server, runs nothing and shows the text."""
+    from tests.test_explorer import chromium_path
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed")
+    if chromium_path() is None or not (JETPACK.is_file() and DAGRE.is_file()):
+        pytest.skip("needs Debian's chromium and npm's d3-jetpack and dagre (make install fetches them)")
+    from pipelines.engine.paths import RunPaths
+    from pipelines.graph.serve import graph_server, viewer_path
+
+    out = _copy_run(run, tmp_path)
+    for part in (out / "tables" / "features").rglob("*.parquet"):
+        frame = pd.read_parquet(part)
+        pd.DataFrame.to_parquet(frame.assign(description=[f"context={XSS} #{i}" for i in range(len(frame))]), part)
+    assert main(["graph", "--out", str(out), "--threads", "1", "--prompt", "Lily was <b>sad</b> <img>. She was not"]) == 0
+    slug = json.loads((out / "graphs" / "graph-metadata.json").read_text())["graphs"][-1]["slug"]
+    data = json.loads((out / "graphs" / f"{slug}.json").read_text())
+    assert any(XSS in n["clerp"].replace("&lt;", "<").replace("&gt;", ">") for n in data["nodes"])
+    server = graph_server(RunPaths(out), 0)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    errors, shown = [], []
+    try:
+        with sync_playwright() as p:
+            browser, page = _viewer_page(p, port, errors)
+            page.goto(f"http://127.0.0.1:{port}/{viewer_path(slug)}")
+            page.wait_for_function("document.querySelectorAll('.link-graph text.node').length > 0", timeout=20000)
+            marks = page.eval_on_selector_all(".link-graph text.node", """els => els.map(e => {
+                const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]})""")
+            for x, y in marks:
+                page.mouse.move(x, y)
+                page.wait_for_timeout(30)
+                shown.append(page.eval_on_selector(".tooltip", "t => [t.textContent, t.querySelectorAll('*').length]"))
+            page.wait_for_timeout(300)  # an image's error event fires after it fails to load
+            ran = page.evaluate("window.__xss || 0")
+            images = page.evaluate("document.querySelectorAll('img').length")
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not errors, errors
+    assert len(marks) == len(data["nodes"]) and ran == 0 and images == 0
+    texts = [text for text, _ in shown]
+    assert any(XSS in t for t in texts), texts[:5]  # the label reached the tooltip, as text
+    # no '<' left where the viewer inserts text as HTML (the labels, and the prompt's tokens in token nodes' labels)
+    assert not [t for t in data["metadata"]["prompt_tokens"] if "<" in t] and not [n for n in data["nodes"] if "<" in n["clerp"]]

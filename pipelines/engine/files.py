@@ -18,6 +18,7 @@ import atexit
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -232,3 +233,13 @@ def digest(path: str | Path, ignore: tuple[str, ...] = ()) -> str:
 def text_digest(*parts) -> str:
     """sha256 of JSON-serialised values (configs, names of hub datasets)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def readable_name(text: str, *parts, width: int = 40, digits: int = 10) -> str:
+    """A file name that reads as `text` and cannot collide: its lower-case ASCII letters and digits
+    in dash-joined runs (at most `width` characters, `x` when there are none), a dash, and the
+    first `digits` hex digits of the digest of `text` and `parts`. Texts differing in anything
+    (case, punctuation, what lies past `width`, non-Latin letters) get different names, and no
+    name equals a fixed one without a digest (`graph-metadata`, `features`)."""
+    words = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:width].strip("-") or "x"
+    return f"{words}-{text_digest(text, *parts)[:digits]}"

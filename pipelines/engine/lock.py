@@ -35,6 +35,8 @@ def run_lock(root: str | Path, stage: str, create: bool = True) -> Iterator[None
     A missing `root` is created, or with `create=False` (a stage that only reads a run)
     refused."""
     root = Path(root).resolve()
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"--out {root} is a file, not a run folder: name a folder (new or a run's)")
     if not create and not root.is_dir():
         raise FileNotFoundError(f"no run directory {root}: check --out")
     if root in _held:

@@ -43,9 +43,9 @@ import pyarrow as pa
 
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tags import present_tags
-from pipelines.engine.files import read_json
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.serve import viewer_url
+from pipelines.graph.export import read_index
+from pipelines.graph.serve import viewer_path
 from pipelines.engine.tables import read_table
 from pipelines.report.inputs import scatter_samples
 from pipelines.schemas import GATE_TAGS, TABLES, select
@@ -306,6 +306,10 @@ def corr_rank(lowrank: pd.DataFrame | None) -> int:
     return below[-1] if below else ranks[0]
 
 
+RANKED_SHOWN = 5  # candidates of each kind per layer on the explorer's first page
+SIDE_TEXT = 40  # characters of an input's description shown beside it there
+
+
 def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts: dict) -> dict:
     """One row per output feature of every layer, with its summary numbers per input site."""
     keys = [(layer, f) for layer in layers for f in range(counts.get((layer, OUTPUT_SITE), 0))]
@@ -317,8 +321,9 @@ def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts:
         cols = [c for c in ("description", "frequency", "top_token", "top_tokens_text") if c in mine.columns]
         base = base.merge(mine[["layer", "feature", *cols]], on=["layer", "feature"], how="left")
     rank = corr_rank(tables.get("lowrank"))
-    stats = {}
+    stats, inputs = {}, {}
     for site in sites:
+        shown = []  # each kind's best candidates per layer, as the first page lists them
         frame = base[["layer", "feature"]]
         lowrank = select(tables.get("lowrank"), site)
         if lowrank is not None:
@@ -340,6 +345,7 @@ def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts:
                     "split_pair": f"{prefix}_split", "members_a": f"{prefix}_a", "members_b": f"{prefix}_b"})
                 frame = frame.merge(best, on=["layer", "feature"], how="left")
                 frame[f"{prefix}_rank"] = frame[f"{prefix}_rank"].astype("Int64")
+                shown.append(best.sort_values(f"{prefix}_rank").groupby("layer").head(RANKED_SHOWN))
         eigen = select(tables.get("eigen"), site)
         if eigen is not None:
             top = eigen[eigen["rank"] == 1].drop_duplicates(["layer", "out_feature"])
@@ -350,7 +356,26 @@ def index_bundle(tables: RunTables, layers: list[int], sites: list[str], counts:
         if "n_active" in frame.columns:
             frame["n_active"] = frame["n_active"].astype("Int64")
         stats[site] = encode_table(frame.drop(columns=["layer", "feature"]))
-    return {"features": encode_table(base), "stats": stats, "corr_rank": rank}
+        inputs[site] = encode_table(_side_descriptions(shown, features, site))
+    return {"features": encode_table(base), "stats": stats, "corr_rank": rank, "inputs": inputs,
+            "ranked_shown": RANKED_SHOWN}
+
+
+def _side_descriptions(shown: list[pd.DataFrame], features: pd.DataFrame | None, site: str) -> pd.DataFrame | None:
+    """Layer, feature and short description of every input feature on a side of the candidates
+    the first page shows (`shown`: their rows, with `<prefix>_a`/`<prefix>_b` member lists)."""
+    if features is None or not shown:
+        return None
+    members = set()
+    for rows in shown:
+        sides = [c for c in rows.columns if c.endswith(("_a", "_b"))]
+        for layer, *lists in rows[["layer", *sides]].itertuples(index=False):
+            members |= {(int(layer), int(m)) for side in lists if side is not None for m in side if m >= 0}
+    mine = features[features["site"] == site].drop_duplicates(["layer", "feature"])
+    keys = pd.DataFrame(sorted(members), columns=["layer", "feature"]).astype(np.int64)
+    found = keys.merge(mine[["layer", "feature", "description"]], on=["layer", "feature"], how="inner")
+    return found.assign(description=found["description"].map(lambda d: d if len(str(d)) <= SIDE_TEXT
+                                                                else str(d)[:SIDE_TEXT - 1] + "…"))
 
 
 def _export(df: pd.DataFrame, name: str) -> dict | None:
@@ -427,9 +452,10 @@ def meta_bundle(run: RunPaths, tables: RunTables, layers: list[int], sites: list
         "counts": [{"layer": k[0], "site": k[1], "n": v} for k, v in sorted(counts.items())],
         "sae_metrics": encode_table(metrics.sort_values(["layer", "site"]) if metrics is not None else None),
         "report": run.report_page.is_file(),
-        # attribution graphs: their JSON, opened in circuit-tracer's viewer by `graph --serve`
-        "graphs": [{"slug": g["slug"], "prompt": g["prompt"], "viewer": viewer_url(g["slug"])}
-                   for g in (read_json(run.graph_index) or {"graphs": []})["graphs"]],
+        # attribution graphs: their JSON, and circuit-tracer's viewer where `explore --serve` or
+        # `graph --serve` serves it (a path relative to the explorer's root there)
+        "graphs": [{"slug": g["slug"], "prompt": str(g.get("prompt", "")), "viewer": viewer_path(g["slug"])}
+                   for g in read_index(run.graph_index)],
         "digits": DIGITS,
         # the gate tags the verdicts carry (`pipelines.data.tags`): a column of gate_verdicts each
         "gate_tags": [{"column": tag.column, "name": tag.name, "doc": tag.doc}

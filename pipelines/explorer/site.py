@@ -13,13 +13,9 @@ The folder is replaced atomically, so a reader never sees half a site.
 
 from __future__ import annotations
 
-import functools
-import http
-import http.server
 import importlib.resources
 import shutil
 import time
-import urllib.parse
 import warnings
 from pathlib import Path
 
@@ -27,7 +23,9 @@ import jinja2
 
 from pipelines.engine.files import atomic_dir
 from pipelines.engine.paths import INDEX, RunPaths
+from pipelines.engine.server import FolderServer
 from pipelines.explorer.data import bundles, script
+from pipelines.graph.serve import run_mounts
 
 STATIC_FILES = ("app.js", "style.css")
 SHELL = "shell.html"
@@ -71,33 +69,17 @@ def write_explorer(run: RunPaths) -> Path:
     return run.explorer_page
 
 
-class _Handler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
-        pass
-
-    def send_head(self):
-        # a null byte (`%00`) would reach the file system calls, which raise on it
-        if "\x00" in urllib.parse.unquote(self.path):
-            self.send_error(http.HTTPStatus.BAD_REQUEST, "null byte in the path")
-            return None
-        return super().send_head()
-
-
-def make_server(folder: str | Path, host: str = "127.0.0.1", port: int = 8000) -> http.server.ThreadingHTTPServer:
-    """An HTTP server of `folder` (not started; port 0 picks a free port)."""
+def make_server(folder: str | Path, host: str = "127.0.0.1", port: int = 8000) -> FolderServer:
+    """A read-only HTTP server of the explorer `folder` (not started; port 0 picks a free port),
+    with the run's report and its graphs in circuit-tracer's viewer beside it
+    (`pipelines.graph.serve.run_mounts`) so that the explorer's links work."""
     folder = Path(folder)
     if not (folder / INDEX).is_file():
         raise FileNotFoundError(f"no {INDEX} in {folder}: write the explorer first (bilinear-circuits explore)")
-    handler = functools.partial(_Handler, directory=str(folder))
-    return http.server.ThreadingHTTPServer((host, port), handler)
+    return FolderServer({**run_mounts(RunPaths(folder.parent)), "/": folder}, host, port)
 
 
 def serve(folder: str | Path, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve `folder` on http://host:port/ until Ctrl-C (only this machine can reach it by default)."""
-    with make_server(folder, host, port) as server:
-        bound_host, bound_port = server.server_address[:2]
-        print(f"serving {folder} at http://{bound_host}:{bound_port}/ (Ctrl-C to stop)", flush=True)
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            print("stopped")
+    server = make_server(folder, host, port)
+    server.run_until_interrupted([f"serving {folder} at {server.url}"])

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from circuits.attribution import (AttributionGraph, LayerSAETensors, attribute, 
 from circuits.config import Config, option
 from circuits.sites import DEFAULT_INPUT_SITE, INPUT_SITES, OUTPUT_SITE
 from pipelines.data.tokenizer import BOS, display_token
-from pipelines.engine.files import read_text_lines
+from pipelines.engine.files import read_text_lines, readable_name
 from pipelines.engine.paths import RunPaths
 from pipelines.inputs import LayerPlan, ModelInputs
 
@@ -75,14 +74,13 @@ class PromptGraph:
     path_strength: float  # its product of normalised edge weights
 
 
-def slug(prompt: str, taken: set[str] | None = None) -> str:
-    """A file name for a prompt: lower-case words joined by dashes, at most 60 characters, made
-    unique against `taken` with a number."""
-    base = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:60].strip("-") or "prompt"
-    name, i = base, 2
-    while taken is not None and name in taken:
-        name, i = f"{base}-{i}", i + 1
-    return name
+def graph_name(prompt: str, cfg: "GraphConfig", layers, sae_in=None, sae_out=None) -> str:
+    """A graph's file name (its slug): the prompt's words and a digest of the prompt and what
+    shapes its graph besides it (the graph options, the layers whose SAEs are nodes, explicit SAE
+    paths; `pipelines.engine.files.readable_name`), so graphs of other prompts or settings never
+    overwrite it, and one of the same prompt and settings replaces it."""
+    settings = {"graph": cfg.recipe(), "layers": sorted(layers), "sae_in": sae_in, "sae_out": sae_out}
+    return readable_name(prompt, settings)
 
 
 def encode_prompt(prompt: str, tokenizer, n_ctx: int, truncate: bool = False, name: str = "prompt") -> list[int]:
@@ -147,9 +145,11 @@ def float64_copy(model):
 
 
 def build_graph(prompt: str, model, tokenizer, saes: dict[int, LayerSAETensors], cfg: GraphConfig,
-                taken: set[str] | None = None, progress=None, truncate: bool = False) -> PromptGraph:
-    """The pruned, scored attribution graph of `prompt` (`model` in float64, its first
-    `n_ctx` tokens when `truncate`)."""
+                name: str | None = None, progress=None, truncate: bool = False) -> PromptGraph:
+    """The pruned, scored attribution graph of `prompt` (`model` in float64, its first `n_ctx`
+    tokens when `truncate`), named `name` (default: `graph_name` of the prompt, `cfg` and the
+    layers of `saes`)."""
+    name = name or graph_name(prompt, cfg, saes)
     ids = encode_prompt(prompt, tokenizer, model.cfg.n_ctx, truncate)
     tokens = torch.tensor(ids)
     with torch.no_grad():
@@ -173,7 +173,7 @@ def build_graph(prompt: str, model, tokenizer, saes: dict[int, LayerSAETensors],
     replacement, completeness = scores(graph, inf)
     path, strength = strongest_path(graph, torch.nonzero(graph.kind == TOKEN).squeeze(1).tolist(),
                                     int(torch.nonzero(graph.kind == LOGIT)[0]))
-    return PromptGraph(prompt=prompt, slug=slug(prompt, taken), tokens=[_display(tokenizer, i) for i in ids],
+    return PromptGraph(prompt=prompt, slug=name, tokens=[_display(tokenizer, i) for i in ids],
                        token_ids=ids, targets=[_display(tokenizer, int(i)) for i in targets], graph=graph,
                        node_mask=node_mask, edge_mask=edge_mask, cumulative=cumulative, replacement=replacement,
                        completeness=completeness, sites={layer: s.site for layer, s in saes.items()},

@@ -10,6 +10,7 @@ reads its details from `features/<that number>.json` under the graphs folder.
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 import pandas as pd
@@ -105,7 +106,7 @@ def graph_json(pg: PromptGraph, nodes: pd.DataFrame, edges: pd.DataFrame) -> dic
     out = []
     for r in kept.itertuples():
         node = {"node_id": r.node_id, "layer": "E" if r.kind == "token" else str(r.viewer_row), "ctx_idx": int(r.pos),
-                "influence": float(r.influence), "clerp": r.description}
+                "influence": float(r.influence), "clerp": viewer_html(r.description)}
         if r.kind == "token":
             node.update(feature=int(r.pos), feature_type="embedding", jsNodeId=f"E_{r.node_id.split('_')[1]}-{r.pos}")
         elif r.kind in ("input", "output"):
@@ -123,7 +124,8 @@ def graph_json(pg: PromptGraph, nodes: pd.DataFrame, edges: pd.DataFrame) -> dic
     ands = and_frame(pg, nodes)
     ands = ands[ands["target"].isin(keep) & ands["source_a"].isin(keep) & ands["source_b"].isin(keep)]
     return {
-        "metadata": {"slug": pg.slug, "scan": SCAN, "transcoder_list": [], "prompt_tokens": pg.tokens,
+        "metadata": {"slug": pg.slug, "scan": SCAN, "transcoder_list": [],
+                     "prompt_tokens": [viewer_html(t) for t in pg.tokens],
                      "prompt": pg.prompt, "node_threshold": None, "schema_version": 1,
                      "replacement_score": pg.replacement, "completeness_score": pg.completeness},
         "qParams": {"pinnedIds": [], "supernodes": [], "linkType": "both", "clickedId": "", "sg_pos": ""},
@@ -132,6 +134,13 @@ def graph_json(pg: PromptGraph, nodes: pd.DataFrame, edges: pd.DataFrame) -> dic
                   edges[["source", "target", "weight"]].itertuples(index=False)],
         "and_edges": ands.drop(columns="prompt").to_dict("records"),
     }
+
+
+def viewer_html(text: str) -> str:
+    """`text` escaped for the viewer, which inserts node labels (`clerp`) and the prompt's tokens
+    (in the labels it makes for token and error nodes) into its tooltips as HTML. Quotes stay:
+    they are no markup there, and the viewer reads a logit's token between them."""
+    return html.escape(text, quote=False)
 
 
 def feature_file(layer: int, site: str, latent: int, row: dict) -> dict:
@@ -184,8 +193,20 @@ def write_graph(pg: PromptGraph, run: RunPaths, features: pd.DataFrame | None) -
     return path
 
 
+def read_index(index: Path) -> list[dict]:
+    """The graph entries of `graph-metadata.json` (empty when the file is missing); a one-line
+    error naming the file when it is unreadable or not the viewer's index."""
+    if not index.exists():
+        return []
+    data = read_json(index)
+    graphs = data.get("graphs") if isinstance(data, dict) else None
+    if not isinstance(graphs, list) or not all(isinstance(g, dict) and isinstance(g.get("slug"), str) for g in graphs):
+        raise ValueError(f"{index} is not a graph index (a JSON object whose 'graphs' list has a 'slug' per graph): "
+                         "delete it and rerun `bilinear-circuits graph` for the prompts you want")
+    return graphs
+
+
 def add_metadata(index: Path, metadata: dict) -> None:
     """Add (or replace, by slug) one graph's entry in `graph-metadata.json`, the viewer's index."""
-    current = read_json(index) or {"graphs": []}
-    graphs = [g for g in current["graphs"] if g["slug"] != metadata["slug"]] + [metadata]
+    graphs = [g for g in read_index(index) if g["slug"] != metadata["slug"]] + [metadata]
     write_json(index, {"graphs": graphs})

@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 from circuits.attribution import INPUT, INPUT_ERROR, LOGIT, OUTPUT, TOKEN, strongest_path
 from circuits.sites import OUTPUT_SITE
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.build import PromptGraph, build_graph, encode_prompt, float64_model, load_layer_saes, target_id
+from pipelines.graph.build import (PromptGraph, build_graph, encode_prompt, float64_model, graph_name,
+                                   load_layer_saes, target_id)
 from pipelines.graph.export import write_graph
 from pipelines.inputs import ModelInputs, check_features_describe
 from pipelines.schemas import read
@@ -35,10 +36,10 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
         encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, name=source)
     model = float64_model(inputs)
     features = read(run.tables, "features")
-    done, taken = [], set()
+    done = []
     for prompt in tqdm(prompts, desc="attribution graphs", unit="prompt", disable=not progress or len(prompts) < 2):
-        pg = build_graph(prompt, model, inputs.tokenizer, saes, cfg, taken)
-        taken.add(pg.slug)
+        name = graph_name(prompt, cfg, saes, job.sae_in, job.sae_out)
+        pg = build_graph(prompt, model, inputs.tokenizer, saes, cfg, name)
         write_graph(pg, run, features)
         done.append(pg)
     return done

@@ -10,6 +10,7 @@ from pipelines import schemas, summary
 from pipelines.analysis.outputs import parse_outputs
 from pipelines.engine.files import digest, text_digest
 from pipelines.engine.stamps import Stamp
+from pipelines.engine.tables import table_path
 from pipelines.inputs import SAE_OUTPUTS, LayerPlan, LayerSAEs, StageInputs, layer_batches, part_name
 from pipelines.jobs import CircuitsJob
 from pipelines.stages.base import TABLE_FORMAT, Command, Part, Plan, TableStage, tokens_digest
@@ -49,7 +50,21 @@ class Circuits(TableStage):
 
     def result(self, work: StageInputs, job: CircuitsJob, plan: Plan, computed: list[Part]) -> list[str]:
         """The parts computed now, by name."""
+        for part in computed:
+            _drop_hashed_part(work.run, part, plan[part.layer].input_site)
         return [f"layer {part.layer} {part.name}" for part in computed]
+
+
+def _drop_hashed_part(run, part: Part, input_site: str) -> None:
+    """Remove the tables and stamp of `part`'s output set under the name earlier versions gave a
+    `logit:`/`file:` set (`<site>-<kind>-<8 hex digits>`, see `part_name`), now that the readable
+    part is written: every table reads all parts, so both would show the set twice."""
+    if ":" not in part.detail:
+        return
+    hashed = f"{input_site}-{part.detail.split(':', 1)[0]}-{text_digest(part.detail)[:8]}"
+    for table in (t.name for t in schemas.TABLES.values() if t.stage == "circuits"):
+        table_path(run.tables, table, part.layer, hashed).unlink(missing_ok=True)
+    run.table_stamp("circuits", part.layer, hashed).unlink(missing_ok=True)
 
 
 def _stamp(work: StageInputs, job: CircuitsJob, saes: LayerSAEs, spec: str) -> Stamp:

@@ -174,7 +174,7 @@
       (meta.report ? ' <a href="../report/index.html">Report</a>' : "") +
       (meta.graphs && meta.graphs.length ? ' <span class="graphs">Graphs: ' + meta.graphs.map((g) =>
         `<a href="${esc(g.viewer)}" title="${esc(g.prompt)} ` +
-        `(circuit-tracer's viewer: run bilinear-circuits graph --serve)">${esc(g.prompt.slice(0, 24))}</a> ` +
+        `(circuit-tracer's viewer: open the explorer from bilinear-circuits explore --serve or graph --serve)">${esc(g.prompt.slice(0, 24))}</a> ` +
         `(<a href="../graphs/${encodeURIComponent(g.slug)}.json">JSON</a>)`).join(", ") + "</span>" : "");
     const sw = document.getElementById("site-switch");
     if (meta.input_sites.length > 1) {
@@ -280,10 +280,10 @@
   }
   /* The first page's lead: each layer's best circuit candidates, pairs and group gates, by
    * circuit_rank, with numbers rounded for reading (the layer pages have them all). */
-  const RANKED_SHOWN = 5;
   function rankedCircuits() {
     const base = T(D.index.features), stats = T(D.index.stats[state.site]);
     let html = `<h1 id="ranked">Ranked circuits per layer</h1>`;
+    const RANKED_SHOWN = D.index.ranked_shown;  // pipelines.explorer.data.RANKED_SHOWN
     if (!stats || !col(stats, "gate_rank")) {
       return html + missingNote("gate_verdicts", "ranked circuits (the gate_verdicts table: run the verdicts stage)");
     }
@@ -295,8 +295,15 @@
       sides are active where the output is; <b>and_data</b>: the truth table's AND measure (correlational).</p>`;
     const layers = col(base, "layer"), feats = col(base, "feature"), desc = col(base, "description") || [];
     const SIDE_SHOWN = 6;  // members of a group side listed; the layer and feature pages list them all
+    const shortDesc = new Map();  // the sides' inputs: short descriptions (pipelines.explorer.data._side_descriptions)
+    const sideTable = T(D.index.inputs && D.index.inputs[state.site]);
+    if (sideTable) {
+      const l = col(sideTable, "layer"), f = col(sideTable, "feature"), d = col(sideTable, "description");
+      for (let i = 0; i < sideTable.n; i++) shortDesc.set(l[i] + ":" + f[i], d[i]);
+    }
     const sides = (layer, list) => (list || []).slice(0, SIDE_SHOWN).map((m) => m < 0 ? "const" :
-      `<a class="feat" href="${link(`/in/${layer}/${m}`)}">in #${m}</a>`).join(", ") +
+      `<a class="feat" href="${link(`/in/${layer}/${m}`)}">in #${m}</a>` +
+      (shortDesc.get(layer + ":" + m) ? ` <span class="desc">${esc(shortDesc.get(layer + ":" + m))}</span>` : "")).join(", ") +
       ((list || []).length > SIDE_SHOWN ? ` <span class="note">and ${list.length - SIDE_SHOWN} more</span>` : "");
     const two = (v) => (isNum(v) ? v.toFixed(2) : "–");
     for (const layer of meta.layers) {
