@@ -12,6 +12,7 @@ from circuits.layer import CircuitConfig
 from circuits.sites import DEFAULT_SAE_SITES
 from pipelines import summary
 from pipelines.analysis.features import FeatureConfig
+from pipelines.analysis.negation import scan_run
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.stories import StoryConfig, generate_stories
 from pipelines.data.story_corpus import story_lexicon
@@ -103,6 +104,8 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     plan = cfg.verdicts.plan(run, lm, layers)
     verdicts = ensure(VERDICTS, work, cfg.verdicts, plan, runtime)
     summary.verdicts(verdicts, cfg.n_candidates, time.perf_counter() - start)
+    with runtime.torch_threads():
+        summary.negation(scan_run(run, lm, work.store, plan, cfg.verdicts.rules))
     with runtime.torch_threads():
         print("\n".join(negation_graph(run, lm, cfg)))
     if cfg.explorer:

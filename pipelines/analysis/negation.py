@@ -1,0 +1,264 @@
+"""Where the model computes the negation: which output directions carry a cross term between
+the negation inputs and the context inputs, in which layer, and how large.
+
+On the built-in stories the word after a negation has the valence of its context flipped,
+an XOR of two labels. A bilinear MLP can compute it as a cross term, negation x context
+(`circuits.cross_terms`). Here every layer of a run is scanned:
+
+- the groups are the run's label groups, formed as the verdicts form them
+  (`pipelines.analysis.verdicts.InputFacts.classes`): the input features mainly on negation
+  tokens, and those mainly in one context class; each (negation, context=C) pair is made
+  disjoint as the group gates make it;
+- the output directions are every output SAE feature (its encoder row: what its
+  pre-activation reads), the difference of the lexicon classes' mean unembeddings through the
+  final norm's gain (`logit:A-B`, the MLP's direct effect on the class logit difference), the
+  layer's top HOSVD directions, and the directions with the largest cross block between the
+  two groups (`best-cross`, `circuits.cross_terms.best_cross_directions`);
+- the tokens are the *negated positions*: those inside a negation whose next token is a whole
+  lexicon word (where `lexicon_accuracy` scores the model after a negation), in context C;
+- per direction: the 2-group form's blocks and eigenvalue pair from the weights, and on those
+  tokens the exact split of the output's quadratic part into each side's own terms, the cross
+  term and the rest (MLP input split by the input SAE's latents of each group; the rest holds
+  the other latents, `b_dec` and the SAE's error, so the split is exact on the real input).
+
+Alongside, the direct effect of every attention and MLP layer on the lexicon logit difference,
+signed toward the class of the word that comes next, on negated and on plain positions: which
+component writes the flip, whatever its mechanism. The result is one JSON file in the run
+(`NEGATION_FILE`), printed by `pipelines.summary.negation` and shown by the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from circuits.bilinear import hosvd, interaction_matrices
+from circuits.cross_terms import (best_cross_directions, eigen_pair, group_blocks, orthonormal_span, part_shares,
+                                  split_by_groups)
+from circuits.sae_basis import input_basis, token_scale
+from circuits.sites import hook_name, input_gain
+from circuits.weights import from_hooked_transformer
+from pipelines.analysis.group_gates import _disjoint
+from pipelines.analysis.verdicts import InputFacts, VerdictConfig
+from pipelines.data.labels import LEXICON_CHANNEL
+from pipelines.data.story_corpus import CONTEXT, NEGATION
+from pipelines.data.tags import side_labels
+from pipelines.data.tokens import TokenRows, TokenStore
+from pipelines import schemas
+from pipelines.engine.files import read_json, write_json
+from pipelines.engine.paths import RunPaths
+from pipelines.inputs import LayerPlan, ModelInputs
+
+NEGATION_FILE = "negation_locus.json"  # in the run's folder
+
+
+@dataclass(frozen=True)
+class NegationScan:
+    """How the negation locus is scanned."""
+
+    rows: int = 512  # held-out rows read (their negated positions are the tokens)
+    n_hosvd: int = 8  # top HOSVD directions per layer
+    n_best: int = 2  # best cross directions per layer and pair of groups
+    min_active: float = 0.1  # an SAE feature counts in the summary when active on this share of the tokens
+
+
+def negated_positions(rows: TokenRows, part: slice, tokens: torch.Tensor, lexicon_tokens: dict[str, list[int]],
+                      classes: dict[str, list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position of a batch of rows `[n, n_ctx]`: whether the next token is a whole word of
+    the first two lexicon classes (`+1` first, `-1` second, 0 neither), whether it lies in a
+    negation, and its context class code (0 none). Each `[n, n_ctx]`; the last position has no next word."""
+    first, second = classes[LEXICON_CHANNEL][:2]
+    nxt = np.zeros(tokens.shape, dtype=np.int64)
+    following = tokens[:, 1:].numpy()
+    nxt[:, :-1] = np.where(np.isin(following, lexicon_tokens.get(first, [])), 1,
+                           np.where(np.isin(following, lexicon_tokens.get(second, [])), -1, 0))
+    negated = np.asarray(rows.labels[NEGATION][part]) != 0
+    context = np.asarray(rows.labels[CONTEXT][part]).astype(np.int64)
+    return nxt, negated, context
+
+
+def label_pairs(facts: InputFacts) -> list[tuple[str, str, list[int], list[int]]]:
+    """(context class, group name of B, negation members, context members) of each context class
+    with a label group, the two groups disjoint; empty without a negation group."""
+    groups = facts.classes
+    negation = [name for name in groups if NEGATION in side_labels(name)]
+    if not negation:
+        return []
+    neg = sorted({m for name in negation for m in groups[name]})
+    found = []
+    for name, members in groups.items():
+        for label in side_labels(name):
+            if label.startswith(f"{CONTEXT}=") and name not in negation:
+                a, b = _disjoint(neg, members)
+                if a and b:
+                    found.append((label[len(CONTEXT) + 1:], name, a, b))
+    return found
+
+
+@torch.no_grad()
+def scan_negation(lm: ModelInputs, store: TokenStore, plans: dict[int, LayerPlan], features: pd.DataFrame | None,
+                  labels: pd.DataFrame | None, rules: VerdictConfig = VerdictConfig(),
+                  cfg: NegationScan = NegationScan()) -> dict:
+    """The negation locus of a run's layers (see the module docstring): a dict with `directions`
+    (one row per layer, context class and output direction), `components` (direct effects),
+    `groups` and `counts`, ready for JSON."""
+    model, rows = lm.model, store.held_out
+    classes, lexicon = store.classes, store.lexicon_tokens
+    missing = [c for c in (NEGATION, CONTEXT, LEXICON_CHANNEL) if c not in classes]
+    if missing or len(classes[LEXICON_CHANNEL]) < 2:
+        raise ValueError(f"the negation scan needs the corpus's {', '.join(missing) or 'lexicon'} labels (with two "
+                         "lexicon classes): the built-in stories carry them")
+    first, second = classes[LEXICON_CHANNEL][:2]
+    W_U = model.W_U.detach().double().cpu()
+    gain = getattr(model.ln_final, "w", None)
+    logit = (W_U[:, lexicon[first]].mean(1) - W_U[:, lexicon[second]].mean(1))
+    logit = logit if gain is None else gain.detach().double().cpu() * logit  # [d_model]
+    n_layers = model.cfg.n_layers
+    saes = {layer: plan.saes(lm) for layer, plan in plans.items()}
+    names = [hook_name(layer, s.input_site) for layer, s in saes.items()]
+    names += [f"blocks.{layer}.hook_mlp_out" for layer in saes]
+    parts = ["blocks.0.hook_resid_pre"] + [f"blocks.{layer}.hook_{c}_out" for layer in range(n_layers)
+                                           for c in ("attn", "mlp")]
+    wanted = set(names) | set(parts) | {"ln_final.hook_scale"}
+    kept: dict[str, list[torch.Tensor]] = {n: [] for n in wanted}
+    sign, neg_at, ctx_at = [], [], []
+    for part, tokens in rows.iter_batches(32, cfg.rows):
+        nxt, negated, context = negated_positions(rows, part, tokens, lexicon, classes)
+        where = torch.from_numpy((nxt != 0) & rows.keep(tokens).numpy())
+        if not where.any():
+            continue
+        _, cache = model.run_with_cache(tokens.to(model.cfg.device), names_filter=lambda n: n in wanted)
+        for n in wanted:
+            kept[n].append(cache[n][where.to(cache[n].device)].double().cpu())
+        sign.append(torch.from_numpy(nxt)[where])
+        neg_at.append(torch.from_numpy(negated)[where])
+        ctx_at.append(torch.from_numpy(context)[where])
+    if not sign:
+        raise ValueError("no held-out position is followed by a lexicon word: nothing to scan")
+    acts = {n: torch.cat(v) for n, v in kept.items()}
+    sign, negated, context = torch.cat(sign).double(), torch.cat(neg_at), torch.cat(ctx_at)
+    components = _components(acts, parts, logit, model, lexicon, first, second, sign, negated)
+    rows_out, groups = [], []
+    for layer, s in saes.items():
+        facts = InputFacts.of(features, labels, layer, s.input_site, rules)
+        pairs = label_pairs(facts)
+        groups += [{"layer": layer, "context": c, "group_b": name, "negation": a, "members_b": b} for c, name, a, b in pairs]
+        rows_out += _layer_rows(model, layer, s, acts, pairs, classes[CONTEXT], negated, context, logit,
+                                f"logit:{first}-{second}", cfg)
+    counts = {"negated": int(negated.sum()), "plain": int((~negated).sum())}
+    return {"directions": rows_out, "components": components, "groups": groups, "counts": counts,
+            "lexicon": [first, second]}
+
+
+def _components(acts, parts, logit, model, lexicon, first, second, sign, negated) -> list[dict]:
+    """Direct effect of each residual stream part on the lexicon logit difference, signed
+    toward the next word's class, mean over negated and over plain positions; `total` is the
+    whole difference with the unembedding's bias (the parts add up to it exactly)."""
+    scale = acts["ln_final.hook_scale"].reshape(-1)
+    b_U = model.b_U.detach().double().cpu()
+    bias = float(b_U[lexicon[first]].mean() - b_U[lexicon[second]].mean())
+    effects = {n: (acts[n] @ logit) / scale * sign for n in parts}
+    effects["total"] = sum(effects.values()) + bias * sign
+    out = []
+    for n, v in effects.items():
+        label = n if n == "total" else ("embed" if n == "blocks.0.hook_resid_pre" else
+                                        f"{n.split('.')[2][5:-4]} {n.split('.')[1]}")
+        out.append({"component": label, "negated": float(v[negated].mean()), "plain": float(v[~negated].mean()),
+                    "negated_right": float((v[negated] > 0).double().mean()) if n == "total" else None})
+    return out
+
+
+def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, context, logit, logit_name,
+                cfg: NegationScan) -> list[dict]:
+    mlp = from_hooked_transformer(model, layer).to(torch.float64, "cpu")  # where the cached activations are
+    sae_in, sae_out = (s.weights.to(torch.float64, "cpu") for s in (saes.sae_in, saes.sae_out))
+    gain = input_gain(saes.input_site, mlp.g)
+    basis = input_basis(sae_in.W_dec, sae_in.b_dec, gain)  # [d, n_in + 1]
+    r = acts[hook_name(layer, saes.input_site)]
+    factor = token_scale(r, mlp.eps, saes.input_site).sqrt()[:, None]  # x = factor * gain * r
+    x = factor * (r if gain is None else gain * r)
+    z = sae_in.encode(r)
+    active_out = sae_out.encode(acts[f"blocks.{layer}.hook_mlp_out"]) > 0  # [t, n_out]
+    U_sae = sae_out.W_enc.T
+    fixed = [("sae", str(f), U_sae[f]) for f in range(U_sae.shape[0])] + [("logit", logit_name, logit.to(U_sae))]
+    _, left = hosvd(mlp.W_gate, mlp.W_in, mlp.W_out, cfg.n_hosvd)
+    fixed += [("hosvd", str(i), left[:, i]) for i in range(left.shape[1])]
+    out = []
+    for cls, group_b, members_a, members_b in pairs:
+        code = context_classes.index(cls) + 1
+        where = negated & (context == code)
+        a, b = torch.tensor(members_a), torch.tensor(members_b)
+        best, _ = best_cross_directions(mlp.W_gate, mlp.W_in, mlp.W_out, basis[:, a], basis[:, b], cfg.n_best)
+        directions = fixed + [("best-cross", str(i), best[i]) for i in range(best.shape[0])]
+        U = torch.stack([d for *_, d in directions])
+        unit = U / U.norm(dim=1, keepdim=True).clamp_min(1e-30)
+        S = torch.cat([a, b])
+        form = interaction_matrices(basis[:, S].T @ mlp.W_gate, basis[:, S].T @ mlp.W_in, mlp.W_out, unit)
+        blocks = group_blocks(form, torch.arange(len(a)), len(a) + torch.arange(len(b)))
+        P = orthonormal_span(basis[:, S])
+        top, bottom = eigen_pair(interaction_matrices(P.T @ mlp.W_gate, P.T @ mlp.W_in, mlp.W_out, unit))
+        x_a = factor * _written(z[:, a], sae_in.W_dec[a], gain)
+        x_b = factor * _written(z[:, b], sae_in.W_dec[b], gain)
+        split = split_by_groups(mlp.W_gate, mlp.W_in, mlp.W_out, unit, x_a, x_b, x - x_a - x_b)
+        shares = part_shares(split, where)
+        on_a, on_b = (z[:, a] > 0).any(1), (z[:, b] > 0).any(1)
+        both_on = float((on_a & on_b)[where].double().mean()) if where.any() else float("nan")
+        for i, (kind, name, _) in enumerate(directions):
+            active = float(active_out[where, int(name)].double().mean()) if kind == "sae" and where.any() else None
+            out.append({
+                "layer": layer, "context": cls, "group_b": group_b, "n_a": len(a), "n_b": len(b), "kind": kind,
+                "direction": name, "n_tokens": shares.n_tokens, "both_on": both_on, "active": active,
+                "mean_output": float(shares.total[i]), "share_own_a": float(shares.own_a[i]),
+                "share_own_b": float(shares.own_b[i]), "share_cross": float(shares.cross[i]),
+                "share_rest": float(shares.rest[i]), "cross_weight": float(shares.cross_weight[i]),
+                "w_self_a": float(blocks.self_a[i]), "w_self_b": float(blocks.self_b[i]),
+                "w_cross": float(blocks.cross[i]), "w_cross_share": float(blocks.cross_share[i]),
+                "lambda_pos": float(top[i]), "lambda_neg": float(bottom[i])})
+    return out
+
+
+def _written(z: torch.Tensor, W_dec: torch.Tensor, gain: torch.Tensor | None) -> torch.Tensor:
+    """What latents `z [t, k]` write into the MLP input before the norm's per-token factor: `[t, d]`."""
+    part = z @ W_dec
+    return part if gain is None else gain * part
+
+
+def summarise(found: dict, min_active: float = NegationScan.min_active) -> dict:
+    """The figures the summary and the report show: per layer and context class the SAE feature
+    (active on at least `min_active` of the tokens) with the largest cross share, the logit
+    direction and the best cross direction; and the largest cross share of any SAE feature."""
+    frame = pd.DataFrame(found["directions"])
+    if frame.empty:
+        return {"rows": [], "largest": None}
+    picked = []
+    for (layer, cls), mine in frame.groupby(["layer", "context"], sort=True):
+        sae = mine[(mine["kind"] == "sae") & (mine["active"].fillna(0) >= min_active)]
+        for kind, rows in (("sae", sae), ("logit", mine[mine["kind"] == "logit"]),
+                           ("best-cross", mine[mine["kind"] == "best-cross"]), ("hosvd", mine[mine["kind"] == "hosvd"])):
+            if len(rows):
+                picked.append(rows.loc[rows["share_cross"].abs().idxmax()])
+    rows = pd.DataFrame(picked)
+    sae = frame[(frame["kind"] == "sae") & (frame["active"].fillna(0) >= min_active)]
+    largest = sae.loc[sae["share_cross"].abs().idxmax()].to_dict() if len(sae) else None
+    return {"rows": rows.to_dict("records"), "largest": largest}
+
+
+def scan_run(run: RunPaths, lm: ModelInputs, store: TokenStore, plans: dict[int, LayerPlan],
+             rules: VerdictConfig = VerdictConfig(), cfg: NegationScan = NegationScan()) -> dict:
+    """`scan_negation` of a run's layers, with the run's feature tables; written to the run's
+    `NEGATION_FILE` (atomically) and returned."""
+    features, labels = (schemas.read(run.tables, name, list(plans)) for name in ("features", "feature_labels"))
+    if labels is None:
+        raise FileNotFoundError(f"no feature_labels table in {run.tables}: run `features` first (the negation scan "
+                                "forms its groups from the features' labels)")
+    found = scan_negation(lm, store, plans, features, labels, rules, cfg)
+    write_json(run.root / NEGATION_FILE, found)
+    return found
+
+
+def read_locus(run: RunPaths) -> dict | None:
+    """The run's negation locus, if it was scanned."""
+    return read_json(run.root / NEGATION_FILE)
