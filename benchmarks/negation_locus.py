@@ -54,11 +54,11 @@ def details(folder: Path, found: dict, min_active: float) -> None:
         return
     sae = frame[(frame["kind"] == "sae") & (frame["active"].fillna(0) >= min_active)]
     print(f"\nSAE features active on at least {min_active:.0%} of the negated positions, by |cross share|:")
-    for (layer, ctx), mine in sae.groupby(["layer", "context"]):
+    for (layer, source, ctx), mine in sae.groupby(["layer", "source", "context"]):
         counts = ", ".join(f">= {s:.0%}: {int((mine['share_cross'].abs() >= s).sum())}" for s in SHARES)
         best = mine.reindex(mine["share_cross"].abs().sort_values(ascending=False).index).head(5)
         shown = "; ".join(f"out {r.direction} {r.share_cross:+.1%} (w {r.w_cross_share:.2f})" for r in best.itertuples())
-        print(f"  layer {layer}, {ctx}: {len(mine)} features ({counts}); best: {shown}")
+        print(f"  layer {layer}, {source} groups, {ctx}: {len(mine)} features ({counts}); best: {shown}")
     verdicts = schemas.select(schemas.read(RunPaths(folder).tables, "gate_verdicts"))
     if verdicts is None or "negation_gate" not in verdicts:
         return
@@ -67,7 +67,7 @@ def details(folder: Path, found: dict, min_active: float) -> None:
     for g in gates.itertuples():
         labels = f"{g.label_a} x {g.label_b}"
         mine = frame[(frame["layer"] == g.layer) & (frame["kind"] == "sae") & (frame["direction"] == str(g.out_feature))
-                     & frame["group_b"].map(lambda b: b in labels)]
+                     & (frame["source"] == "labels") & frame["group_b"].map(lambda b: b in labels)]
         shares = "; ".join(f"{r.context} contexts: cross {r.share_cross:+.1%}, own negation {r.share_own_a:+.1%}, own "
                            f"context {r.share_own_b:+.1%}, active {r.active:.0%}" for r in mine.itertuples())
         print(f"  best negation group gate of layer {g.layer}: out {g.out_feature} <- {labels}, {g.gate_type}: "

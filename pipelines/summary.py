@@ -118,11 +118,13 @@ def negation_lines(found: dict | None, min_active: float = 0.1) -> list[str]:
     names = {"sae": "SAE out", "logit": "", "best-cross": "best cross direction", "hosvd": "HOSVD direction"}
     heading = None
     for r in figures["rows"]:
-        if heading != (r["layer"], r["context"]):
-            heading = (r["layer"], r["context"])
-            lines.append(f"  layer {r['layer']}, negation ({r['n_a']} inputs) x {r['group_b']} ({r['n_b']} inputs), "
-                         f"{r['n_tokens']} negated positions in {r['context']} contexts (both groups on at "
-                         f"{r['both_on']:.0%}); cross term as a share of the output's quadratic part there:")
+        if heading != (r["layer"], r["source"], r["context"]):
+            heading = (r["layer"], r["source"], r["context"])
+            sides = (f"negation ({r['n_a']} inputs) x {r['group_b']} ({r['n_b']} inputs)" if r["source"] == "labels"
+                     else "the negation x context directions of the MLP input (difference of means, centred)")
+            both = f" (both groups on at {r['both_on']:.0%})" if pd.notna(r["both_on"]) else ""
+            lines.append(f"  layer {r['layer']}, {sides}, {r['n_tokens']} negated positions in {r['context']} "
+                         f"contexts{both}; cross term as a share of the output's quadratic part there:")
         active = f" (active on {r['active']:.0%})" if r["kind"] == "sae" else ""
         lines.append(f"    {(names[r['kind']] + ' ' + r['direction']).strip()}{active}: cross {r['share_cross']:+.1%} "
                      f"(own terms: negation {r['share_own_a']:+.1%}, context {r['share_own_b']:+.1%}; rest "
@@ -132,5 +134,5 @@ def negation_lines(found: dict | None, min_active: float = 0.1) -> list[str]:
     if largest is not None:
         lines.append(f"  largest cross term of an SAE feature active on at least {min_active:.0%} of the negated "
                      f"positions: {largest['share_cross']:+.1%} of its output (layer {largest['layer']}, out "
-                     f"{largest['direction']}, {largest['context']} contexts)")
+                     f"{largest['direction']}, {largest['context']} contexts, {largest['source']} groups)")
     return lines

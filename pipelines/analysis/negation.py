@@ -8,7 +8,9 @@ an XOR of two labels. A bilinear MLP can compute it as a cross term, negation x 
 - the groups are the run's label groups, formed as the verdicts form them
   (`pipelines.analysis.verdicts.InputFacts.classes`): the input features mainly on negation
   tokens, and those mainly in one context class; each (negation, context=C) pair is made
-  disjoint as the group gates make it;
+  disjoint as the group gates make it. And, without any SAE, the *probe* directions of the
+  MLP input: mean on negated less on plain positions, mean in one context class less the
+  other (`_probe_sides`), in case the SAE's latents split the two concepts elsewhere;
 - the output directions are every output SAE feature (its encoder row: what its
   pre-activation reads), the difference of the lexicon classes' mean unembeddings through the
   final norm's gain (`logit:A-B`, the MLP's direct effect on the class logit difference), the
@@ -171,6 +173,21 @@ def _components(acts, parts, logit, model, lexicon, first, second, sign, negated
     return out
 
 
+@dataclass
+class _Sides:
+    """Two input groups of one layer, for one context class: their input directions and what
+    they write into the MLP input on the scanned tokens."""
+
+    context: str  # the context class whose negated positions are read
+    source: str  # "labels" (the run's label groups of input latents) or "probe" (difference of means)
+    group_b: str  # the context side's name
+    M_a: torch.Tensor  # [d, p] the negation side's input directions
+    M_b: torch.Tensor  # [d, q] the context side's
+    x_a: torch.Tensor  # [t, d]
+    x_b: torch.Tensor  # [t, d]
+    both_on: torch.Tensor | None  # [t] bool: a latent of each side active (label groups only)
+
+
 def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, context, logit, logit_name,
                 cfg: NegationScan) -> list[dict]:
     mlp = from_hooked_transformer(model, layer).to(torch.float64, "cpu")  # where the cached activations are
@@ -183,41 +200,68 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
     z = sae_in.encode(r)
     active_out = sae_out.encode(acts[f"blocks.{layer}.hook_mlp_out"]) > 0  # [t, n_out]
     U_sae = sae_out.W_enc.T
-    fixed = [("sae", str(f), U_sae[f]) for f in range(U_sae.shape[0])] + [("logit", logit_name, logit.to(U_sae))]
+    fixed = [("sae", str(f), U_sae[f]) for f in range(U_sae.shape[0])] + [("logit", logit_name, logit)]
     _, left = hosvd(mlp.W_gate, mlp.W_in, mlp.W_out, cfg.n_hosvd)
     fixed += [("hosvd", str(i), left[:, i]) for i in range(left.shape[1])]
-    out = []
+    sides = []
     for cls, group_b, members_a, members_b in pairs:
-        code = context_classes.index(cls) + 1
-        where = negated & (context == code)
         a, b = torch.tensor(members_a), torch.tensor(members_b)
-        best, _ = best_cross_directions(mlp.W_gate, mlp.W_in, mlp.W_out, basis[:, a], basis[:, b], cfg.n_best)
+        sides.append(_Sides(cls, "labels", group_b, basis[:, a], basis[:, b],
+                            factor * _written(z[:, a], sae_in.W_dec[a], gain),
+                            factor * _written(z[:, b], sae_in.W_dec[b], gain),
+                            (z[:, a] > 0).any(1) & (z[:, b] > 0).any(1)))
+    sides += _probe_sides(x, negated, context, context_classes)
+    out = []
+    for side in sides:
+        where = negated & (context == context_classes.index(side.context) + 1)
+        best, _ = best_cross_directions(mlp.W_gate, mlp.W_in, mlp.W_out, side.M_a, side.M_b, cfg.n_best)
         directions = fixed + [("best-cross", str(i), best[i]) for i in range(best.shape[0])]
         U = torch.stack([d for *_, d in directions])
         unit = U / U.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        S = torch.cat([a, b])
-        form = interaction_matrices(basis[:, S].T @ mlp.W_gate, basis[:, S].T @ mlp.W_in, mlp.W_out, unit)
-        blocks = group_blocks(form, torch.arange(len(a)), len(a) + torch.arange(len(b)))
-        P = orthonormal_span(basis[:, S])
+        M = torch.cat([side.M_a, side.M_b], 1)
+        p = side.M_a.shape[1]
+        form = interaction_matrices(M.T @ mlp.W_gate, M.T @ mlp.W_in, mlp.W_out, unit)
+        blocks = group_blocks(form, torch.arange(p), p + torch.arange(M.shape[1] - p))
+        P = orthonormal_span(M)
         top, bottom = eigen_pair(interaction_matrices(P.T @ mlp.W_gate, P.T @ mlp.W_in, mlp.W_out, unit))
-        x_a = factor * _written(z[:, a], sae_in.W_dec[a], gain)
-        x_b = factor * _written(z[:, b], sae_in.W_dec[b], gain)
-        split = split_by_groups(mlp.W_gate, mlp.W_in, mlp.W_out, unit, x_a, x_b, x - x_a - x_b)
+        split = split_by_groups(mlp.W_gate, mlp.W_in, mlp.W_out, unit, side.x_a, side.x_b, x - side.x_a - side.x_b)
         shares = part_shares(split, where)
-        on_a, on_b = (z[:, a] > 0).any(1), (z[:, b] > 0).any(1)
-        both_on = float((on_a & on_b)[where].double().mean()) if where.any() else float("nan")
+        both_on = float(side.both_on[where].double().mean()) if side.both_on is not None and where.any() else None
         for i, (kind, name, _) in enumerate(directions):
             active = float(active_out[where, int(name)].double().mean()) if kind == "sae" and where.any() else None
             out.append({
-                "layer": layer, "context": cls, "group_b": group_b, "n_a": len(a), "n_b": len(b), "kind": kind,
-                "direction": name, "n_tokens": shares.n_tokens, "both_on": both_on, "active": active,
-                "mean_output": float(shares.total[i]), "share_own_a": float(shares.own_a[i]),
-                "share_own_b": float(shares.own_b[i]), "share_cross": float(shares.cross[i]),
-                "share_rest": float(shares.rest[i]), "cross_weight": float(shares.cross_weight[i]),
-                "w_self_a": float(blocks.self_a[i]), "w_self_b": float(blocks.self_b[i]),
-                "w_cross": float(blocks.cross[i]), "w_cross_share": float(blocks.cross_share[i]),
-                "lambda_pos": float(top[i]), "lambda_neg": float(bottom[i])})
+                "layer": layer, "context": side.context, "source": side.source, "group_b": side.group_b, "n_a": p,
+                "n_b": M.shape[1] - p, "kind": kind, "direction": name, "n_tokens": shares.n_tokens,
+                "both_on": both_on, "active": active, "mean_output": float(shares.total[i]),
+                "share_own_a": float(shares.own_a[i]), "share_own_b": float(shares.own_b[i]),
+                "share_cross": float(shares.cross[i]), "share_rest": float(shares.rest[i]),
+                "cross_weight": float(shares.cross_weight[i]), "w_self_a": float(blocks.self_a[i]),
+                "w_self_b": float(blocks.self_b[i]), "w_cross": float(blocks.cross[i]),
+                "w_cross_share": float(blocks.cross_share[i]), "lambda_pos": float(top[i]),
+                "lambda_neg": float(bottom[i])})
     return out
+
+
+def _probe_sides(x: torch.Tensor, negated: torch.Tensor, context: torch.Tensor, classes: list[str]) -> list[_Sides]:
+    """The negation and the context read from the MLP input itself, without any SAE: the
+    negation direction is the mean input on negated positions less that on plain ones, the
+    context direction the mean input in the first context class less that in the second
+    (made orthogonal to the negation's). Each side is the input's centred projection on its
+    direction, so the cross term is the product of the two centred coordinates: what an XOR of
+    the two needs beyond each alone. Empty when a cell of the 2 x 2 split has no token."""
+    if len(classes) < 2:
+        return []
+    first, second = context == 1, context == 2
+    if not (negated.any() and (~negated).any() and first.any() and second.any()):
+        return []
+    a = x[negated].mean(0) - x[~negated].mean(0)
+    a = a / a.norm()
+    b = x[first].mean(0) - x[second].mean(0)
+    b = b - (b @ a) * a
+    b = b / b.norm()
+    centred = x - x.mean(0)
+    x_a, x_b = (centred @ a)[:, None] * a, (centred @ b)[:, None] * b
+    return [_Sides(cls, "probe", f"{CONTEXT} probe", a[:, None], b[:, None], x_a, x_b, None) for cls in classes[:2]]
 
 
 def _written(z: torch.Tensor, W_dec: torch.Tensor, gain: torch.Tensor | None) -> torch.Tensor:
@@ -234,7 +278,7 @@ def summarise(found: dict, min_active: float = NegationScan.min_active) -> dict:
     if frame.empty:
         return {"rows": [], "largest": None}
     picked = []
-    for (layer, cls), mine in frame.groupby(["layer", "context"], sort=True):
+    for (layer, source, cls), mine in frame.groupby(["layer", "source", "context"], sort=True):
         sae = mine[(mine["kind"] == "sae") & (mine["active"].fillna(0) >= min_active)]
         for kind, rows in (("sae", sae), ("logit", mine[mine["kind"] == "logit"]),
                            ("best-cross", mine[mine["kind"] == "best-cross"]), ("hosvd", mine[mine["kind"] == "hosvd"])):
