@@ -111,6 +111,10 @@ def negation_lines(found: dict | None, min_active: float = 0.1) -> list[str]:
         m, a = max(mlps, key=mlps.get), max(attns, key=attns.get)
         lines.append(f"  toward the flipped class after a negation, most among the MLPs: {m} ({mlps[m]:+.2f}); among "
                      f"the attention layers: {a} ({attns[a]:+.2f})")
+    if found.get("decodable"):
+        lines.append("  the next word's class read linearly from the residual stream after each part (a ridge readout, "
+                     "accuracy on held-out rows, negated/plain): " + ", ".join(
+                         f"{d['after']} {d['negated']:.0%}/{d['plain']:.0%}" for d in found["decodable"]))
     figures = summarise(found, min_active)
     if not figures["rows"]:
         lines.append("  no layer has both a negation and a context label group: no cross term to measure")
@@ -129,7 +133,9 @@ def negation_lines(found: dict | None, min_active: float = 0.1) -> list[str]:
         lines.append(f"    {(names[r['kind']] + ' ' + r['direction']).strip()}{active}: cross {r['share_cross']:+.1%} "
                      f"(own terms: negation {r['share_own_a']:+.1%}, context {r['share_own_b']:+.1%}; rest "
                      f"{r['share_rest']:+.1%}); weights: cross share {r['w_cross_share']:.2f}, eigenvalues "
-                     f"{r['lambda_pos']:+.3f}/{r['lambda_neg']:+.3f}")
+                     f"{r['lambda_pos']:+.3f}/{r['lambda_neg']:+.3f}"
+                     + (f"; in logits toward the next word: cross {r['logit_cross']:+.2f} of the MLP's "
+                        f"{r['logit_total']:+.2f}" if r["kind"] == "logit" else ""))
     largest = figures["largest"]
     if largest is not None:
         lines.append(f"  largest cross term of an SAE feature active on at least {min_active:.0%} of the negated "

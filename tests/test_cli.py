@@ -425,6 +425,12 @@ def check_negation_locus(run: Path, found: dict) -> None:
         where = negated & (np.asarray(rows.labels["context"][:n]) == code)
         assert row.n_tokens == int(where.sum())
         assert row.mean_output == pytest.approx(along[where].mean(), rel=1e-4, abs=1e-6)
+    effects = {c["component"]: c["negated"] for c in found["components"]}
+    for (layer, source), rows_of in frame[frame["kind"] == "logit"].groupby(["layer", "source"]):
+        # the MLP's direct effect split over its parts, both context classes together, is the component's
+        mean = (rows_of["logit_total"] * rows_of["n_tokens"]).sum() / rows_of["n_tokens"].sum()
+        assert mean == pytest.approx(effects[f"mlp {layer}"], rel=1e-4, abs=1e-6)
+    assert [d["after"] for d in found["decodable"]] == [c["component"] for c in found["components"]][:-1]
     parts = frame[["share_own_a", "share_own_b", "share_cross", "share_rest"]].sum(axis=1)
     assert (parts.abs() <= 1 + 1e-9).all()  # their sum is mean output / mean |output|
     assert frame["cross_weight"].between(0, 1).all() and frame["w_cross_share"].between(0, 1).all()

@@ -37,9 +37,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from circuits.bilinear import hosvd, interaction_matrices
-from circuits.cross_terms import (best_cross_directions, eigen_pair, group_blocks, orthonormal_span, part_shares,
-                                  split_by_groups)
+from circuits.bilinear import hosvd, interaction_matrices, output_constant
+from circuits.cross_terms import (GroupParts, best_cross_directions, eigen_pair, group_blocks, orthonormal_span,
+                                  part_shares, split_by_groups)
 from circuits.sae_basis import input_basis, token_scale
 from circuits.sites import hook_name, input_gain
 from circuits.weights import from_hooked_transformer
@@ -126,7 +126,7 @@ def scan_negation(lm: ModelInputs, store: TokenStore, plans: dict[int, LayerPlan
                                            for c in ("attn", "mlp")]
     wanted = set(names) | set(parts) | {"ln_final.hook_scale"}
     kept: dict[str, list[torch.Tensor]] = {n: [] for n in wanted}
-    sign, neg_at, ctx_at = [], [], []
+    sign, neg_at, ctx_at, row_at = [], [], [], []
     for part, tokens in rows.iter_batches(32, cfg.rows):
         nxt, negated, context = negated_positions(rows, part, tokens, lexicon, classes)
         where = torch.from_numpy((nxt != 0) & rows.keep(tokens).numpy())
@@ -138,21 +138,24 @@ def scan_negation(lm: ModelInputs, store: TokenStore, plans: dict[int, LayerPlan
         sign.append(torch.from_numpy(nxt)[where])
         neg_at.append(torch.from_numpy(negated)[where])
         ctx_at.append(torch.from_numpy(context)[where])
+        row_at.append(torch.arange(part.start, part.stop)[:, None].expand_as(where)[where])
     if not sign:
         raise ValueError("no held-out position is followed by a lexicon word: nothing to scan")
     acts = {n: torch.cat(v) for n, v in kept.items()}
     sign, negated, context = torch.cat(sign).double(), torch.cat(neg_at), torch.cat(ctx_at)
     components = _components(acts, parts, logit, model, lexicon, first, second, sign, negated)
+    decodable = _decodable(acts, parts, sign, negated, torch.cat(row_at) % 2 == 0)
+    to_logit = sign / acts["ln_final.hook_scale"].reshape(-1)  # a direct effect in logits, toward the next word's class
     rows_out, groups = [], []
     for layer, s in saes.items():
         facts = InputFacts.of(features, labels, layer, s.input_site, rules)
         pairs = label_pairs(facts)
         groups += [{"layer": layer, "context": c, "group_b": name, "negation": a, "members_b": b} for c, name, a, b in pairs]
         rows_out += _layer_rows(model, layer, s, acts, pairs, classes[CONTEXT], negated, context, logit,
-                                f"logit:{first}-{second}", cfg)
+                                f"logit:{first}-{second}", to_logit, cfg)
     counts = {"negated": int(negated.sum()), "plain": int((~negated).sum())}
-    return {"directions": rows_out, "components": components, "groups": groups, "counts": counts,
-            "lexicon": [first, second]}
+    return {"directions": rows_out, "components": components, "decodable": decodable, "groups": groups,
+            "counts": counts, "lexicon": [first, second]}
 
 
 def _components(acts, parts, logit, model, lexicon, first, second, sign, negated) -> list[dict]:
@@ -166,10 +169,34 @@ def _components(acts, parts, logit, model, lexicon, first, second, sign, negated
     effects["total"] = sum(effects.values()) + bias * sign
     out = []
     for n, v in effects.items():
-        label = n if n == "total" else ("embed" if n == "blocks.0.hook_resid_pre" else
-                                        f"{n.split('.')[2][5:-4]} {n.split('.')[1]}")
+        label = n if n == "total" else _component(n)
         out.append({"component": label, "negated": float(v[negated].mean()), "plain": float(v[~negated].mean()),
                     "negated_right": float((v[negated] > 0).double().mean()) if n == "total" else None})
+    return out
+
+
+def _component(hook: str) -> str:
+    """`embed`, `attn L` or `mlp L` for a residual stream part's hook."""
+    return "embed" if hook == "blocks.0.hook_resid_pre" else f"{hook.split('.')[2][5:-4]} {hook.split('.')[1]}"
+
+
+def _decodable(acts, parts, sign, negated, train, ridge: float = 1e-3) -> list[dict]:
+    """How well the next word's class is read linearly from the residual stream after each part
+    (the embedding, then each attention and MLP layer in turn): a ridge readout of the RMS-
+    normed stream, fitted on the even rows' positions and scored on the odd rows', negated and
+    plain positions apart. Negated and plain positions in both context classes make the target
+    an XOR of negation and context, which no readout of the two alone gets right: where the
+    accuracy after a negation jumps is where the flip is computed."""
+    out, stream = [], 0
+    for n in parts:
+        stream = stream + acts[n]
+        X = torch.cat([stream / stream.square().mean(1, keepdim=True).sqrt(), torch.ones_like(stream[:, :1])], 1)
+        A = X[train]
+        w = torch.linalg.solve(A.T @ A + ridge * len(A) * torch.eye(X.shape[1], dtype=X.dtype), A.T @ sign[train])
+        right = ((X @ w) * sign > 0)[~train]
+        test_negated = negated[~train]
+        out.append({"after": _component(n), "negated": float(right[test_negated].double().mean()),
+                    "plain": float(right[~test_negated].double().mean())})
     return out
 
 
@@ -188,7 +215,7 @@ class _Sides:
     both_on: torch.Tensor | None  # [t] bool: a latent of each side active (label groups only)
 
 
-def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, context, logit, logit_name,
+def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, context, logit, logit_name, to_logit,
                 cfg: NegationScan) -> list[dict]:
     mlp = from_hooked_transformer(model, layer).to(torch.float64, "cpu")  # where the cached activations are
     sae_in, sae_out = (s.weights.to(torch.float64, "cpu") for s in (saes.sae_in, saes.sae_out))
@@ -227,6 +254,9 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
         split = split_by_groups(mlp.W_gate, mlp.W_in, mlp.W_out, unit, side.x_a, side.x_b, x - side.x_a - side.x_b)
         shares = part_shares(split, where)
         both_on = float(side.both_on[where].double().mean()) if side.both_on is not None and where.any() else None
+        i = U_sae.shape[0]  # the logit direction follows the SAE's features
+        logits = _in_logits(split, i, logit.norm() * to_logit, where,
+                            float(unit[i] @ output_constant(mlp.W_out, mlp.b_in, mlp.b_out)))
         for i, (kind, name, _) in enumerate(directions):
             active = float(active_out[where, int(name)].double().mean()) if kind == "sae" and where.any() else None
             out.append({
@@ -238,8 +268,20 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
                 "cross_weight": float(shares.cross_weight[i]), "w_self_a": float(blocks.self_a[i]),
                 "w_self_b": float(blocks.self_b[i]), "w_cross": float(blocks.cross[i]),
                 "w_cross_share": float(blocks.cross_share[i]), "lambda_pos": float(top[i]),
-                "lambda_neg": float(bottom[i])})
+                "lambda_neg": float(bottom[i]), **(logits if kind == "logit" else {})})
     return out
+
+
+def _in_logits(split: GroupParts, i: int, factor: torch.Tensor, where: torch.Tensor, constant: float
+               ) -> dict[str, float]:
+    """The logit direction's parts (direction `i` of `split`, a unit vector) as mean direct effects
+    on the logit difference toward the next word's class: each token's part times `factor [t]`;
+    `logit_total` adds the MLP's constant along the direction, so it is the MLP's whole direct effect."""
+    found = {f"logit_{name}": float((getattr(split, name)[:, i] * factor)[where].mean())
+             for name in ("own_a", "own_b", "cross", "rest")}
+    found["logit_constant"] = float((constant * factor)[where].mean())
+    found["logit_total"] = sum(found.values())
+    return found
 
 
 def _probe_sides(x: torch.Tensor, negated: torch.Tensor, context: torch.Tensor, classes: list[str]) -> list[_Sides]:
