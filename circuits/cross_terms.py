@@ -68,15 +68,20 @@ def orthonormal_span(M: torch.Tensor, rtol: float = 1e-6) -> torch.Tensor:
     return U[:, S > rtol * S.max().clamp_min(torch.finfo(M.dtype).tiny)]
 
 
+def bilinear_vectors(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, p: torch.Tensor,
+                     q: torch.Tensor) -> torch.Tensor:
+    """The MLP's symmetric bilinear map of every token's pair of inputs, `[t, d_out]`: entry
+    (t, o) is `p_t^T Q_o q_t` (symmetrised, as `circuits.bilinear.interaction_matrices`), so
+    `mlp(x) - b_const` is its value at (x, x). `p, q [t, d]`."""
+    return (0.5 * ((p @ W_gate) * (q @ W_in) + (q @ W_gate) * (p @ W_in))) @ W_out
+
+
 def bilinear_parts(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, U: torch.Tensor,
                    p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """The symmetric bilinear form `p_t^T Q_u q_t` of every token and direction: `[t, c]`.
 
-    `p, q [t, d]`, `U [c, d_out]`, weights as in `circuits.bilinear.interaction_matrices`
-    (`Q_u` symmetrised). Cost `t * h * (d + c)`; no `Q_u` is built."""
-    w = U @ W_out.T  # [c, h]
-    pg, pi, qg, qi = p @ W_gate, p @ W_in, q @ W_gate, q @ W_in
-    return (0.5 * (pg * qi + qg * pi)) @ w.T
+    `p, q [t, d]`, `U [c, d_out]`. Cost `t * h * (d + d_out) + t * d_out * c`; no `Q_u` is built."""
+    return bilinear_vectors(W_gate, W_in, W_out, p, q) @ U.T
 
 
 @dataclass

@@ -115,6 +115,12 @@ def negation_lines(found: dict | None, min_active: float = 0.1) -> list[str]:
         lines.append("  the next word's class read linearly from the residual stream after each part (a ridge readout, "
                      "accuracy on held-out rows, negated/plain): " + ", ".join(
                          f"{d['after']} {d['negated']:.0%}/{d['plain']:.0%}" for d in found["decodable"]))
+    intact = {d["after"]: d for d in found.get("decodable", [])}
+    for layer in sorted({w["layer"] for w in found.get("without", [])}):
+        kept = intact[f"mlp {layer}"]
+        lines.append(f"  that readout after mlp {layer} ({kept['negated']:.0%}/{kept['plain']:.0%}) with a part of the "
+                     "stream removed: " + ", ".join(f"{w['removed']} {w['negated']:.0%}/{w['plain']:.0%}"
+                                                      for w in found["without"] if w["layer"] == layer))
     figures = summarise(found, min_active)
     if not figures["rows"]:
         lines.append("  no layer has both a negation and a context label group: no cross term to measure")

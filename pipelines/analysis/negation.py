@@ -38,8 +38,8 @@ import pandas as pd
 import torch
 
 from circuits.bilinear import hosvd, interaction_matrices, output_constant
-from circuits.cross_terms import (GroupParts, best_cross_directions, eigen_pair, group_blocks, orthonormal_span,
-                                  part_shares, split_by_groups)
+from circuits.cross_terms import (GroupParts, best_cross_directions, bilinear_vectors, eigen_pair, group_blocks,
+                                  orthonormal_span, part_shares, split_by_groups)
 from circuits.sae_basis import input_basis, token_scale
 from circuits.sites import hook_name, input_gain
 from circuits.weights import from_hooked_transformer
@@ -144,17 +144,25 @@ def scan_negation(lm: ModelInputs, store: TokenStore, plans: dict[int, LayerPlan
     acts = {n: torch.cat(v) for n, v in kept.items()}
     sign, negated, context = torch.cat(sign).double(), torch.cat(neg_at), torch.cat(ctx_at)
     components = _components(acts, parts, logit, model, lexicon, first, second, sign, negated)
-    decodable = _decodable(acts, parts, sign, negated, torch.cat(row_at) % 2 == 0)
+    train = torch.cat(row_at) % 2 == 0
+    decodable, readouts = _decodable(acts, parts, sign, negated, train)
+    without = []
     to_logit = sign / acts["ln_final.hook_scale"].reshape(-1)  # a direct effect in logits, toward the next word's class
     rows_out, groups = [], []
     for layer, s in saes.items():
         facts = InputFacts.of(features, labels, layer, s.input_site, rules)
         pairs = label_pairs(facts)
         groups += [{"layer": layer, "context": c, "group_b": name, "negation": a, "members_b": b} for c, name, a, b in pairs]
-        rows_out += _layer_rows(model, layer, s, acts, pairs, classes[CONTEXT], negated, context, logit,
-                                f"logit:{first}-{second}", to_logit, cfg)
+        found, crosses = _layer_rows(model, layer, s, acts, pairs, classes[CONTEXT], negated, context, logit,
+                                     f"logit:{first}-{second}", to_logit, cfg)
+        rows_out += found
+        stream, w = readouts[f"mlp {layer}"]
+        removed = {"the whole MLP": acts[f"blocks.{layer}.hook_mlp_out"], **crosses}
+        without += [{"layer": layer, "removed": name, **_readout(stream - v, w, sign, negated, ~train)}
+                    for name, v in removed.items()]
     counts = {"negated": int(negated.sum()), "plain": int((~negated).sum())}
-    return {"directions": rows_out, "components": components, "decodable": decodable, "groups": groups,
+    return {"directions": rows_out, "components": components, "decodable": decodable, "without": without,
+            "groups": groups,
             "counts": counts, "lexicon": [first, second]}
 
 
@@ -180,24 +188,34 @@ def _component(hook: str) -> str:
     return "embed" if hook == "blocks.0.hook_resid_pre" else f"{hook.split('.')[2][5:-4]} {hook.split('.')[1]}"
 
 
-def _decodable(acts, parts, sign, negated, train, ridge: float = 1e-3) -> list[dict]:
+def _decodable(acts, parts, sign, negated, train, ridge: float = 1e-3) -> tuple[list[dict], dict[str, tuple]]:
     """How well the next word's class is read linearly from the residual stream after each part
     (the embedding, then each attention and MLP layer in turn): a ridge readout of the RMS-
     normed stream, fitted on the even rows' positions and scored on the odd rows', negated and
     plain positions apart. Negated and plain positions in both context classes make the target
     an XOR of negation and context, which no readout of the two alone gets right: where the
-    accuracy after a negation jumps is where the flip is computed."""
-    out, stream = [], 0
+    accuracy after a negation jumps is where the flip is computed. Also returns, per part, the
+    stream after it `[t, d]` and its readout `[d + 1]`, to score changed streams (`_readout`)."""
+    out, kept, stream = [], {}, 0
     for n in parts:
         stream = stream + acts[n]
-        X = torch.cat([stream / stream.square().mean(1, keepdim=True).sqrt(), torch.ones_like(stream[:, :1])], 1)
+        X = _features(stream)
         A = X[train]
         w = torch.linalg.solve(A.T @ A + ridge * len(A) * torch.eye(X.shape[1], dtype=X.dtype), A.T @ sign[train])
-        right = ((X @ w) * sign > 0)[~train]
-        test_negated = negated[~train]
-        out.append({"after": _component(n), "negated": float(right[test_negated].double().mean()),
-                    "plain": float(right[~test_negated].double().mean())})
-    return out
+        out.append({"after": _component(n), **_readout(stream, w, sign, negated, ~train)})
+        kept[_component(n)] = (stream, w)
+    return out, kept
+
+
+def _features(stream: torch.Tensor) -> torch.Tensor:
+    """The RMS-normed stream with a constant column: `[t, d] -> [t, d + 1]`."""
+    return torch.cat([stream / stream.square().mean(1, keepdim=True).sqrt(), torch.ones_like(stream[:, :1])], 1)
+
+
+def _readout(stream, w, sign, negated, test) -> dict[str, float]:
+    """Accuracy of readout `w` on the test positions' stream, negated and plain apart."""
+    right = ((_features(stream) @ w) * sign > 0)[test]
+    return {"negated": float(right[negated[test]].double().mean()), "plain": float(right[~negated[test]].double().mean())}
 
 
 @dataclass
@@ -216,7 +234,10 @@ class _Sides:
 
 
 def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, context, logit, logit_name, to_logit,
-                cfg: NegationScan) -> list[dict]:
+                cfg: NegationScan) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """The rows of one layer's directions, and per source of groups (labels, probe) the cross
+    terms' part of the MLP's output vector on every token `[t, d_model]` (the label groups' of
+    both context classes together)."""
     mlp = from_hooked_transformer(model, layer).to(torch.float64, "cpu")  # where the cached activations are
     sae_in, sae_out = (s.weights.to(torch.float64, "cpu") for s in (saes.sae_in, saes.sae_out))
     gain = input_gain(saes.input_site, mlp.g)
@@ -238,8 +259,12 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
                             factor * _written(z[:, b], sae_in.W_dec[b], gain),
                             (z[:, a] > 0).any(1) & (z[:, b] > 0).any(1)))
     sides += _probe_sides(x, negated, context, context_classes)
-    out = []
+    out, crosses = [], {}
     for side in sides:
+        key = f"its {side.source} cross term"
+        if side.source == "labels" or key not in crosses:  # the probe's sides are one pair for both classes
+            crosses[key] = crosses.get(key, 0) + 2 * bilinear_vectors(mlp.W_gate, mlp.W_in, mlp.W_out, side.x_a,
+                                                                        side.x_b)
         where = negated & (context == context_classes.index(side.context) + 1)
         best, _ = best_cross_directions(mlp.W_gate, mlp.W_in, mlp.W_out, side.M_a, side.M_b, cfg.n_best)
         directions = fixed + [("best-cross", str(i), best[i]) for i in range(best.shape[0])]
@@ -269,7 +294,7 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
                 "w_self_b": float(blocks.self_b[i]), "w_cross": float(blocks.cross[i]),
                 "w_cross_share": float(blocks.cross_share[i]), "lambda_pos": float(top[i]),
                 "lambda_neg": float(bottom[i]), **(logits if kind == "logit" else {})})
-    return out
+    return out, crosses
 
 
 def _in_logits(split: GroupParts, i: int, factor: torch.Tensor, where: torch.Tensor, constant: float
