@@ -137,7 +137,7 @@ def negation_lines(found: dict | None, min_active: float = 0.1) -> list[str]:
                          f"contexts{both}; cross term as a share of the output's quadratic part there:")
         active = f" (active on {r['active']:.0%})" if r["kind"] == "sae" else ""
         lines.append(f"    {(names[r['kind']] + ' ' + r['direction']).strip()}{active}: cross {r['share_cross']:+.1%} "
-                     f"(own terms: negation {r['share_own_a']:+.1%}, context {r['share_own_b']:+.1%}; rest "
+                     f"(the norm recomputed: {r['share_cross_renormed']:+.1%}; own terms: negation {r['share_own_a']:+.1%}, context {r['share_own_b']:+.1%}; rest "
                      f"{r['share_rest']:+.1%}); weights: cross share {r['w_cross_share']:.2f}, eigenvalues "
                      f"{r['lambda_pos']:+.3f}/{r['lambda_neg']:+.3f}"
                      + (f"; in logits toward the next word: cross {r['logit_cross']:+.2f} of the MLP's "

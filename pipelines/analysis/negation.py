@@ -278,6 +278,10 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
         top, bottom = eigen_pair(interaction_matrices(P.T @ mlp.W_gate, P.T @ mlp.W_in, mlp.W_out, unit))
         split = split_by_groups(mlp.W_gate, mlp.W_in, mlp.W_out, unit, side.x_a, side.x_b, x - side.x_a - side.x_b)
         shares = part_shares(split, where)
+        to_r = factor * (gain if gain is not None else 1.0)  # the input's parts as parts of the SAE's site
+        r_a, r_b = (torch.where(to_r != 0, v / to_r, torch.zeros_like(v)) for v in (side.x_a, side.x_b))
+        renormed = (_renormed_cross(mlp, r, r_a, r_b, gain, saes.input_site) @ unit.T)[where].mean(0) \
+            / split.total[where].abs().mean(0)
         both_on = float(side.both_on[where].double().mean()) if side.both_on is not None and where.any() else None
         i = U_sae.shape[0]  # the logit direction follows the SAE's features
         logits = _in_logits(split, i, logit.norm() * to_logit, where,
@@ -293,8 +297,22 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
                 "cross_weight": float(shares.cross_weight[i]), "w_self_a": float(blocks.self_a[i]),
                 "w_self_b": float(blocks.self_b[i]), "w_cross": float(blocks.cross[i]),
                 "w_cross_share": float(blocks.cross_share[i]), "lambda_pos": float(top[i]),
-                "lambda_neg": float(bottom[i]), **(logits if kind == "logit" else {})})
+                "lambda_neg": float(bottom[i]), "share_cross_renormed": float(renormed[i]),
+                **(logits if kind == "logit" else {})})
     return out, crosses
+
+
+def _renormed_cross(mlp, r: torch.Tensor, r_a: torch.Tensor, r_b: torch.Tensor, gain, site: str) -> torch.Tensor:
+    """The four-point interaction of removing `r_a` and `r_b` from the site's activations `r`
+    (each `[t, d]`) with the norm recomputed after each removal, as the layer computes it: the
+    MLP output vector (less its constant) with nothing removed, less that without a, less that
+    without b, plus that without both, `[t, d_out]`. With the norm's factor frozen it is exactly
+    the cross term; the recomputed norm scales up what a removal leaves, and so shrinks it."""
+    def output(res: torch.Tensor) -> torch.Tensor:
+        x = (res if gain is None else gain * res) * token_scale(res, mlp.eps, site).sqrt()[:, None]
+        return bilinear_vectors(mlp.W_gate, mlp.W_in, mlp.W_out, x, x)
+
+    return output(r) - output(r - r_a) - output(r - r_b) + output(r - r_a - r_b)
 
 
 def _in_logits(split: GroupParts, i: int, factor: torch.Tensor, where: torch.Tensor, constant: float
