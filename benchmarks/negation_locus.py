@@ -68,10 +68,25 @@ def details(folder: Path, found: dict, min_active: float) -> None:
         labels = f"{g.label_a} x {g.label_b}"
         mine = frame[(frame["layer"] == g.layer) & (frame["kind"] == "sae") & (frame["direction"] == str(g.out_feature))
                      & (frame["source"] == "labels") & frame["group_b"].map(lambda b: b in labels)]
-        shares = "; ".join(f"{r.context} contexts: cross {r.share_cross:+.1%}, own negation {r.share_own_a:+.1%}, own "
-                           f"context {r.share_own_b:+.1%}, active {r.active:.0%}" for r in mine.itertuples())
+        shares = "; ".join(_row(r) for r in mine.itertuples())
         print(f"  best negation group gate of layer {g.layer}: out {g.out_feature} <- {labels}, {g.gate_type}: "
               f"{shares or 'its groups are not the scan label groups'}")
+
+
+def _row(r) -> str:
+    return (f"{r.context} contexts: cross {r.share_cross:+.1%} (the norm recomputed {r.share_cross_renormed:+.1%}), own "
+            f"negation {r.share_own_a:+.1%}, own context {r.share_own_b:+.1%}, rest {r.share_rest:+.1%}; active "
+            f"{r.active:.0%}; weights: cross share {r.w_cross_share:.2f}, eigenvalues {r.lambda_pos:+.3f}/{r.lambda_neg:+.3f}")
+
+
+def chosen(found: dict, outputs: list[str]) -> None:
+    """The rows of the SAE features named as LAYER:FEATURE."""
+    frame = pd.DataFrame(found["directions"])
+    for spec in outputs:
+        layer, feature = (int(v) for v in spec.split(":"))
+        for r in frame[(frame["layer"] == layer) & (frame["kind"] == "sae") & (frame["direction"] == str(feature))
+                       ].itertuples():
+            print(f"  layer {layer} out {feature}, {r.source} groups, {_row(r)}")
 
 
 def main() -> None:
@@ -81,6 +96,8 @@ def main() -> None:
     parser.add_argument("--min-active", type=float, default=NegationScan.min_active)
     parser.add_argument("--json", type=Path, help="folder to save each run's scan in")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--outputs", nargs="*", default=[], metavar="LAYER:FEATURE",
+                        help="SAE output features whose rows to print in full")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for folder in args.runs:
@@ -89,6 +106,7 @@ def main() -> None:
         print(f"\n=== {folder} ({time.perf_counter() - start:.0f} s)")
         print("\n".join(summary.negation_lines(found, args.min_active)))
         details(folder, found, args.min_active)
+        chosen(found, args.outputs)
         if args.json:
             write_json(args.json / f"{folder.resolve().name}.json", found)
 
