@@ -74,7 +74,8 @@ def details(folder: Path, found: dict, min_active: float) -> None:
 
 
 def _row(r) -> str:
-    return (f"{r.context} contexts: cross {r.share_cross:+.1%} (the norm recomputed {r.share_cross_renormed:+.1%}), own "
+    return (f"{r.context} contexts: cross {r.share_cross:+.1%} (the norm recomputed {r.share_cross_renormed:+.1%}; removing "
+            f"both sides keeps {r.square_kept:.0%} of the input's mean square), own "
             f"negation {r.share_own_a:+.1%}, own context {r.share_own_b:+.1%}, rest {r.share_rest:+.1%}; active "
             f"{r.active:.0%}; weights: cross share {r.w_cross_share:.2f}, eigenvalues {r.lambda_pos:+.3f}/{r.lambda_neg:+.3f}")
 

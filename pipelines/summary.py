@@ -133,8 +133,10 @@ def negation_lines(found: dict | None, min_active: float = 0.1) -> list[str]:
             sides = (f"negation ({r['n_a']} inputs) x {r['group_b']} ({r['n_b']} inputs)" if r["source"] == "labels"
                      else "the negation x context directions of the MLP input (difference of means, centred)")
             both = f" (both groups on at {r['both_on']:.0%})" if pd.notna(r["both_on"]) else ""
+            p, q = r["n_a"], r["n_b"]
             lines.append(f"  layer {r['layer']}, {sides}, {r['n_tokens']} negated positions in {r['context']} "
-                         f"contexts{both}; cross term as a share of the output's quadratic part there:")
+                         f"contexts{both}; cross term as a share of the output's quadratic part there (weights: an "
+                         f"unstructured form's cross share is {2 * p * q / (p + q) ** 2:.2f}):")
         active = f" (active on {r['active']:.0%})" if r["kind"] == "sae" else ""
         lines.append(f"    {(names[r['kind']] + ' ' + r['direction']).strip()}{active}: cross {r['share_cross']:+.1%} "
                      f"(the norm recomputed: {r['share_cross_renormed']:+.1%}; own terms: negation {r['share_own_a']:+.1%}, context {r['share_own_b']:+.1%}; rest "

@@ -280,6 +280,7 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
         shares = part_shares(split, where)
         to_r = factor * (gain if gain is not None else 1.0)  # the input's parts as parts of the SAE's site
         r_a, r_b = (torch.where(to_r != 0, v / to_r, torch.zeros_like(v)) for v in (side.x_a, side.x_b))
+        kept = ((r - r_a - r_b).square().sum(1) / r.square().sum(1))[where].mean()  # what the norm sees left
         renormed = (_renormed_cross(mlp, r, r_a, r_b, gain, saes.input_site) @ unit.T)[where].mean(0) \
             / split.total[where].abs().mean(0)
         both_on = float(side.both_on[where].double().mean()) if side.both_on is not None and where.any() else None
@@ -298,6 +299,7 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
                 "w_self_b": float(blocks.self_b[i]), "w_cross": float(blocks.cross[i]),
                 "w_cross_share": float(blocks.cross_share[i]), "lambda_pos": float(top[i]),
                 "lambda_neg": float(bottom[i]), "share_cross_renormed": float(renormed[i]),
+                "square_kept": float(kept),
                 **(logits if kind == "logit" else {})})
     return out, crosses
 
