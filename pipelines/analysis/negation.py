@@ -23,9 +23,11 @@ an XOR of two labels. A bilinear MLP can compute it as a cross term, negation x 
   term and the rest (MLP input split by the input SAE's latents of each group; the rest holds
   the other latents, `b_dec` and the SAE's error, so the split is exact on the real input).
 
-Alongside, the direct effect of every attention and MLP layer on the lexicon logit difference,
-signed toward the class of the word that comes next, on negated and on plain positions: which
-component writes the flip, whatever its mechanism. The result is one JSON file in the run
+Alongside, whatever the mechanism: the direct effect of every attention and MLP layer on the
+lexicon logit difference, signed toward the class of the word that comes next, on negated and
+on plain positions (which component writes the flip), and where along the residual stream the
+next word's class becomes linearly readable after a negation (where the XOR is computed), with
+each MLP's cross terms removed from the stream (whether it is computed by them). The result is one JSON file in the run
 (`NEGATION_FILE`), printed by `pipelines.summary.negation` and shown by the report.
 """
 
@@ -104,9 +106,11 @@ def label_pairs(facts: InputFacts) -> list[tuple[str, str, list[int], list[int]]
 def scan_negation(lm: ModelInputs, store: TokenStore, plans: dict[int, LayerPlan], features: pd.DataFrame | None,
                   labels: pd.DataFrame | None, rules: VerdictConfig = VerdictConfig(),
                   cfg: NegationScan = NegationScan()) -> dict:
-    """The negation locus of a run's layers (see the module docstring): a dict with `directions`
-    (one row per layer, context class and output direction), `components` (direct effects),
-    `groups` and `counts`, ready for JSON."""
+    """The negation locus of a run's layers (see the module docstring), ready for JSON: a dict with
+    `directions` (one row per layer, source of groups, context class and output direction),
+    `components` (direct effects on the logit difference), `decodable` (the linear readout after
+    each part), `without` (that readout after each MLP with a part of its output removed),
+    `groups` (the label groups), `counts` (negated and plain positions) and `lexicon`."""
     model, rows = lm.model, store.held_out
     classes, lexicon = store.classes, store.lexicon_tokens
     missing = [c for c in (NEGATION, CONTEXT, LEXICON_CHANNEL) if c not in classes]
