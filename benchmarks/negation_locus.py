@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from pipelines import schemas, summary  # noqa: E402
-from pipelines.analysis.negation import NegationScan, scan_negation  # noqa: E402
+from pipelines import schemas  # noqa: E402
+from pipelines.analysis.negation import NegationScan, describe_locus, scan_negation  # noqa: E402
 from pipelines.analysis.verdicts import VerdictConfig  # noqa: E402
 from pipelines.data.tokens import open_token_store  # noqa: E402
 from pipelines.engine.files import read_json, write_json  # noqa: E402
@@ -105,7 +105,7 @@ def main() -> None:
         start = time.perf_counter()
         found = scan(folder, args.rows)
         print(f"\n=== {folder} ({time.perf_counter() - start:.0f} s)")
-        print("\n".join(summary.negation_lines(found, args.min_active)))
+        print("\n".join(describe_locus(found, args.min_active)))
         details(folder, found, args.min_active)
         chosen(found, args.outputs)
         if args.json:

@@ -397,3 +397,62 @@ def scan_run(run: RunPaths, lm: ModelInputs, store: TokenStore, plans: dict[int,
 def read_locus(run: RunPaths) -> dict | None:
     """The run's negation locus, if it was scanned."""
     return read_json(run.root / NEGATION_FILE)
+
+
+def describe_locus(found: dict, min_active: float = NegationScan.min_active) -> list[str]:
+    """A scan's figures as lines of text, for the printed summary and the report."""
+    first, second = found["lexicon"]
+    counts = found["counts"]
+    parts = {c["component"]: c for c in found["components"]}
+    total = parts.pop("total")
+    lines = [f"Where the negation is computed. Direct effect on the logit difference of {first} minus {second} words, "
+             f"signed toward the next word's class, mean on {counts['negated']} negated / {counts['plain']} plain "
+             f"positions: " + ", ".join(f"{n} {c['negated']:+.2f}/{c['plain']:+.2f}" for n, c in parts.items())
+             + f"; all {total['negated']:+.2f}/{total['plain']:+.2f} (right on {total['negated_right']:.0%} of the "
+             "negated positions)."]
+    mlps = {n: c["negated"] for n, c in parts.items() if n.startswith("mlp")}
+    attns = {n: c["negated"] for n, c in parts.items() if n.startswith("attn")}
+    if mlps and attns:
+        m, a = max(mlps, key=mlps.get), max(attns, key=attns.get)
+        lines.append(f"  toward the flipped class after a negation, most among the MLPs: {m} ({mlps[m]:+.2f}); among "
+                     f"the attention layers: {a} ({attns[a]:+.2f})")
+    if found.get("decodable"):
+        lines.append("  the next word's class read linearly from the residual stream after each part (a ridge readout, "
+                     "accuracy on held-out rows, negated/plain): " + ", ".join(
+                         f"{d['after']} {d['negated']:.0%}/{d['plain']:.0%}" for d in found["decodable"]))
+    intact = {d["after"]: d for d in found.get("decodable", [])}
+    for layer in sorted({w["layer"] for w in found.get("without", [])}):
+        kept = intact[f"mlp {layer}"]
+        lines.append(f"  that readout after mlp {layer} ({kept['negated']:.0%}/{kept['plain']:.0%}) with a part of the "
+                     "stream removed: " + ", ".join(f"{w['removed']} {w['negated']:.0%}/{w['plain']:.0%}"
+                                                      for w in found["without"] if w["layer"] == layer))
+    figures = summarise(found, min_active)
+    if not figures["rows"]:
+        lines.append("  no layer has both a negation and a context label group: no cross term to measure")
+        return lines
+    names = {"sae": "SAE out", "logit": "", "best-cross": "best cross direction", "hosvd": "HOSVD direction"}
+    heading = None
+    for r in figures["rows"]:
+        if heading != (r["layer"], r["source"], r["context"]):
+            heading = (r["layer"], r["source"], r["context"])
+            sides = (f"negation ({r['n_a']} inputs) x {r['group_b']} ({r['n_b']} inputs)" if r["source"] == "labels"
+                     else "the negation x context directions of the MLP input (difference of means, centred)")
+            both = f" (both groups on at {r['both_on']:.0%})" if pd.notna(r["both_on"]) else ""
+            p, q = r["n_a"], r["n_b"]
+            lines.append(f"  layer {r['layer']}, {sides}, {r['n_tokens']} negated positions in {r['context']} "
+                         f"contexts{both}; cross term as a share of the output's quadratic part there (weights: an "
+                         f"unstructured form's cross share is {2 * p * q / (p + q) ** 2:.2f}):")
+        active = f" (active on {r['active']:.0%})" if r["kind"] == "sae" else ""
+        lines.append(f"    {(names[r['kind']] + ' ' + r['direction']).strip()}{active}: cross {r['share_cross']:+.1%} "
+                     f"(the norm recomputed: {r['share_cross_renormed']:+.1%}; own terms: negation "
+                     f"{r['share_own_a']:+.1%}, context {r['share_own_b']:+.1%}; rest "
+                     f"{r['share_rest']:+.1%}); weights: cross share {r['w_cross_share']:.2f}, eigenvalues "
+                     f"{r['lambda_pos']:+.3f}/{r['lambda_neg']:+.3f}"
+                     + (f"; in logits toward the next word: cross {r['logit_cross']:+.2f} of the MLP's "
+                        f"{r['logit_total']:+.2f}" if r["kind"] == "logit" else ""))
+    largest = figures["largest"]
+    if largest is not None:
+        lines.append(f"  largest cross term of an SAE feature active on at least {min_active:.0%} of the negated "
+                     f"positions: {largest['share_cross']:+.1%} of its output (layer {largest['layer']}, out "
+                     f"{largest['direction']}, {largest['context']} contexts, {largest['source']} groups)")
+    return lines

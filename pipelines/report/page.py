@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines import summary
-from pipelines.analysis.negation import NEGATION_FILE, read_locus
+from pipelines.analysis.negation import NEGATION_FILE, describe_locus, read_locus
 from pipelines.data.tags import tagged
 from pipelines.engine.files import atomic_dir, read_json
 from pipelines.engine.paths import INDEX, RunPaths
@@ -65,7 +65,7 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, plan: di
             steps.update(1)
         page["graphs"] = _graphs(run, pictures)
         locus = read_locus(run)
-        page["negation"] = {"lines": summary.negation_lines(locus), "file": NEGATION_FILE} if locus else None
+        page["negation"] = {"lines": describe_locus(locus), "file": NEGATION_FILE} if locus else None
         page["explorer"] = run.explorer_page.is_file()
         html = _environment().get_template("report.html").render(**page)
         (folder / INDEX).write_text(html, encoding="utf-8")
