@@ -13,6 +13,7 @@ from circuits.sites import DEFAULT_SAE_SITES
 from pipelines import summary
 from pipelines.schemas import read
 from pipelines.analysis.features import FeatureConfig
+from pipelines.analysis.negation import scan_run
 from pipelines.analysis.verdicts import VerdictConfig
 from pipelines.data.stories import StoryConfig, generate_stories
 from pipelines.data.story_corpus import story_lexicon
@@ -105,6 +106,8 @@ def run_demo(run: RunPaths, cfg: DemoConfig, runtime: Runtime) -> None:
     verdicts = ensure(VERDICTS, work, cfg.verdicts, plan, runtime)
     summary.verdicts(verdicts, cfg.n_candidates, time.perf_counter() - start, cfg.verdicts.rules.min_cell,
                      read(run.tables, "group_gates", layers))
+    with runtime.torch_threads():
+        summary.negation(scan_run(run, lm, work.store, plan, cfg.verdicts.rules))
     with runtime.torch_threads():
         print("\n".join(negation_graph(run, lm, cfg)))
     explorer = write_explorer(run) if cfg.explorer else None

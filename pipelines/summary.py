@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipelines.analysis.negation import describe_locus
 from pipelines.analysis.verdicts import ranking_rule
 from pipelines.data.tags import labelled, present_tags, tagged
 from pipelines.schemas import GATE_TAGS, read, select
@@ -146,3 +147,8 @@ def _print_candidate(g) -> None:
     print(f"      out {g.out_feature}: {g.out_description}")
     print(f"      a: {g.a_description[:160]}")
     print(f"      b: {g.b_description[:160]}")
+
+
+def negation(found: dict) -> None:
+    """Where the negation is computed (`pipelines.analysis.negation`)."""
+    print("\n" + "\n".join(describe_locus(found)))

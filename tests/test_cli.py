@@ -388,6 +388,65 @@ def test_demo_small_gives_every_candidate_a_negation_label(demo):
     assert verdicts["negation_gate"].notna().all(), verdicts.groupby("layer")["negation_gate"].unique()
 
 
+def test_demo_small_scans_where_the_negation_is_computed(demo):
+    """The negation locus the demo prints and writes: its figures match the model run directly."""
+    run, out = demo
+    assert "Where the negation is computed." in out
+    assert "Where the negation is computed" in (run / "report" / "index.html").read_text()
+    check_negation_locus(run, json.loads((run / "negation_locus.json").read_text()))
+
+
+def check_negation_locus(run: Path, found: dict) -> None:
+    """The scan's mean outputs and direct effects equal what the model's own hooks and logits
+    give on the negated positions, found here from the token store's labels."""
+    from pipelines.data.tokens import open_token_store
+    from pipelines.inputs import ModelInputs
+
+    model = ModelInputs(run / "lm").model
+    (store,) = [p for p in (run / "tokens").iterdir() if p.is_dir()]
+    store = open_token_store(store)
+    rows, classes, lexicon = store.held_out, store.classes, store.lexicon_tokens
+    first, second = found["lexicon"]
+    n = min(len(rows), 512)
+    tokens = rows.batch(slice(0, n))
+    following = np.zeros(tokens.shape, dtype=np.int64)
+    following[:, :-1] = np.where(np.isin(tokens[:, 1:], lexicon[first]), 1,
+                                 np.where(np.isin(tokens[:, 1:], lexicon[second]), -1, 0))
+    at = (following != 0) & rows.keep(tokens).numpy()
+    negated = at & (np.asarray(rows.labels["negation"][:n]) != 0)
+    assert found["counts"] == {"negated": int(negated.sum()), "plain": int((at & ~negated).sum())}
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda name: name.endswith("hook_mlp_out"))
+    difference = logits[..., lexicon[first]].mean(-1) - logits[..., lexicon[second]].mean(-1)
+    total = next(c for c in found["components"] if c["component"] == "total")
+    signed = (difference.double().numpy() * following)
+    assert total["negated"] == pytest.approx(signed[negated].mean(), rel=1e-4, abs=1e-6)
+    assert total["plain"] == pytest.approx(signed[at & ~negated].mean(), rel=1e-4, abs=1e-6)
+    frame = pd.DataFrame(found["directions"])
+    assert not frame.empty and set(frame["source"]) <= {"labels", "probe"} and "probe" in set(frame["source"])
+    u = model.W_U[:, lexicon[first]].mean(1) - model.W_U[:, lexicon[second]].mean(1)
+    u = (model.ln_final.w * u).detach().double()
+    u = u / u.norm()
+    for row in frame[frame["kind"] == "logit"].itertuples():
+        mlp = model.blocks[row.layer].mlp
+        constant = (mlp.b_in @ mlp.W_out + mlp.b_out).detach().double()
+        along = ((cache[f"blocks.{row.layer}.hook_mlp_out"].double() - constant) @ u).numpy()
+        code = classes["context"].index(row.context) + 1
+        where = negated & (np.asarray(rows.labels["context"][:n]) == code)
+        assert row.n_tokens == int(where.sum())
+        assert row.mean_output == pytest.approx(along[where].mean(), rel=1e-4, abs=1e-6)
+    effects = {c["component"]: c["negated"] for c in found["components"]}
+    for (layer, source), rows_of in frame[frame["kind"] == "logit"].groupby(["layer", "source"]):
+        # the MLP's direct effect split over its parts, both context classes together, is the component's
+        mean = (rows_of["logit_total"] * rows_of["n_tokens"]).sum() / rows_of["n_tokens"].sum()
+        assert mean == pytest.approx(effects[f"mlp {layer}"], rel=1e-4, abs=1e-6)
+    assert [d["after"] for d in found["decodable"]] == [c["component"] for c in found["components"]][:-1]
+    parts = frame[["share_own_a", "share_own_b", "share_cross", "share_rest"]].sum(axis=1)
+    assert (parts.abs() <= 1 + 1e-9).all()  # their sum is mean output / mean |output|
+    assert frame["cross_weight"].between(0, 1).all() and frame["w_cross_share"].between(0, 1).all()
+    assert (frame["lambda_pos"] >= frame["lambda_neg"]).all()
+
+
 def test_demo_small_prints_only_ablated_candidates(demo):
     """Every candidate the demo prints is a row of gate_verdicts and was ablated
     (gate_ablation, group_ablation), so its verdict rests on the ablations."""

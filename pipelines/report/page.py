@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from circuits.sites import INPUT_SITES, OUTPUT_SITE, SITES
 from pipelines import summary
+from pipelines.analysis.negation import NEGATION_FILE, describe_locus, read_locus
 from pipelines.analysis.verdicts import ranking_rule
 from pipelines.data.tags import tagged
 from pipelines.engine.files import atomic_dir, read_json
@@ -67,6 +68,8 @@ def write_report(run: RunPaths, cfg: ReportConfig, inputs: ModelInputs, plan: di
             page["layers"].append(_layer_section(data, layer, pictures, cfg, inputs, saes.get(layer)))
             steps.update(1)
         page["graphs"] = _graphs(run, pictures)
+        locus = read_locus(run)
+        page["negation"] = {"lines": describe_locus(locus), "file": NEGATION_FILE} if locus else None
         page["explorer"] = run.explorer_page.is_file()
         html = _environment().get_template("report.html").render(**page)
         (folder / INDEX).write_text(html, encoding="utf-8")

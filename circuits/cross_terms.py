@@ -1,0 +1,156 @@
+"""How much of an output's quadratic form is a cross term between two groups of inputs.
+
+A bilinear layer computes an AND (or an XOR of two signed inputs) of input groups A and B as a
+cross term: for an output direction u, the form `x^T Q_u x` restricted to A and B is
+
+    [x_A, x_B]^T [[Q_AA, Q_AB], [Q_BA, Q_BB]] [x_A, x_B]
+      = x_A^T Q_AA x_A + x_B^T Q_BB x_B + 2 x_A^T Q_AB x_B,
+
+and the paper's AND signature is a large cross block `Q_AB` with small self blocks: then the
+form is `[[0, K], [K^T, 0]]`, whose eigenvalues come in opposite-sign pairs `+-sigma_i(K)`.
+A layer that *adds* the two sides instead has the self blocks (and each side's products with
+the rest of the input) and no cross block. Two readings, both here:
+
+- from the weights (`group_blocks`, `eigen_pair`): the blocks' Frobenius norms, the share of
+  the 2-group form's energy in its cross blocks, `2 |Q_AB|^2 / |Q_SS|^2` with `S = A + B`
+  (1 for a pure cross form, 0 for a sum of the two sides), and its extreme eigenvalues;
+- on data (`split_by_groups`): with the MLP input split as `x = x_A + x_B + x_rest` (the parts
+  the two groups write, and everything else: other inputs, biases, the SAE's error), the
+  output's quadratic part splits exactly into side A's own terms `x_A^T Q x_A + 2 x_A^T Q
+  x_rest`, side B's, the cross term `2 x_A^T Q x_B` and the rest `x_rest^T Q x_rest`, computed
+  from the factored weights for many directions at once (`circuits.bilinear`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class GroupBlocks:
+    """The 2-group form's blocks of each of `c` output directions, each `[c]`."""
+
+    self_a: torch.Tensor  # |Q_AA|_F
+    self_b: torch.Tensor  # |Q_BB|_F
+    cross: torch.Tensor  # |Q_AB|_F (the block appears twice in the form)
+    cross_share: torch.Tensor  # 2 |Q_AB|^2 / (|Q_AA|^2 + |Q_BB|^2 + 2 |Q_AB|^2), 0 where the form is 0
+
+
+def group_blocks(Qt: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> GroupBlocks:
+    """Self and cross blocks of symmetric forms `Qt [c, m, m]` on index groups `a [p]`, `b [q]`
+    (disjoint, int64). `Qt` is each output's form in an input basis (its coordinates): the SAE
+    basis of `circuits.sae_basis`, or orthonormal bases of two subspaces side by side."""
+    if set(a.tolist()) & set(b.tolist()):
+        raise ValueError("group_blocks: the two groups share inputs; give disjoint groups")
+    aa = Qt[:, a][:, :, a].square().sum((-1, -2))
+    bb = Qt[:, b][:, :, b].square().sum((-1, -2))
+    ab = Qt[:, a][:, :, b].square().sum((-1, -2))
+    total = aa + bb + 2 * ab
+    share = torch.where(total > 0, 2 * ab / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(total))
+    return GroupBlocks(aa.sqrt(), bb.sqrt(), ab.sqrt(), share)
+
+
+def eigen_pair(form: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The largest and the most negative eigenvalue of symmetric `form [c, s, s]`, each `[c]`.
+
+    A cross form `[[0, K], [K^T, 0]]` has them equal and opposite; a form that adds two
+    positive sides has no negative one. The eigenvalues are the input space's only when the
+    coordinates are orthonormal (`orthonormal_span`)."""
+    lam = torch.linalg.eigvalsh(form)
+    return lam[:, -1], lam[:, 0]
+
+
+def orthonormal_span(M: torch.Tensor, rtol: float = 1e-6) -> torch.Tensor:
+    """An orthonormal basis `[d, r]` of the span of the columns of `M [d, s]` (r its rank)."""
+    U, S, _ = torch.linalg.svd(M, full_matrices=False)
+    return U[:, S > rtol * S.max().clamp_min(torch.finfo(M.dtype).tiny)]
+
+
+def bilinear_vectors(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, p: torch.Tensor,
+                     q: torch.Tensor) -> torch.Tensor:
+    """The MLP's symmetric bilinear map of every token's pair of inputs, `[t, d_out]`: entry
+    (t, o) is `p_t^T Q_o q_t` (symmetrised, as `circuits.bilinear.interaction_matrices`), so
+    `mlp(x) - b_const` is its value at (x, x). `p, q [t, d]`."""
+    return (0.5 * ((p @ W_gate) * (q @ W_in) + (q @ W_gate) * (p @ W_in))) @ W_out
+
+
+def bilinear_parts(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, U: torch.Tensor,
+                   p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The symmetric bilinear form `p_t^T Q_u q_t` of every token and direction: `[t, c]`.
+
+    `p, q [t, d]`, `U [c, d_out]`. Cost `t * h * (d + d_out) + t * d_out * c`; no `Q_u` is built."""
+    return bilinear_vectors(W_gate, W_in, W_out, p, q) @ U.T
+
+
+@dataclass
+class GroupParts:
+    """The exact split of `x^T Q_u x` per token and direction, each `[t, c]`."""
+
+    own_a: torch.Tensor  # x_A^T Q x_A + 2 x_A^T Q x_rest
+    own_b: torch.Tensor  # x_B^T Q x_B + 2 x_B^T Q x_rest
+    cross: torch.Tensor  # 2 x_A^T Q x_B
+    rest: torch.Tensor  # x_rest^T Q x_rest
+
+    @property
+    def total(self) -> torch.Tensor:
+        """`x^T Q_u x`, the output's quadratic part."""
+        return self.own_a + self.own_b + self.cross + self.rest
+
+
+def split_by_groups(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, U: torch.Tensor,
+                    x_a: torch.Tensor, x_b: torch.Tensor, x_rest: torch.Tensor) -> GroupParts:
+    """Split `x^T Q_u x` with `x = x_a + x_b + x_rest` (each `[t, d]`) for every direction
+    `U [c, d_out]` into the two sides' own terms, their cross term and the rest. Exact:
+    the parts add up to `u . (mlp(x) - b_const)` for the MLP input x (the norm's factor is
+    inside each part)."""
+    form = lambda p, q: bilinear_parts(W_gate, W_in, W_out, U, p, q)  # noqa: E731
+    rest = form(x_rest, x_rest)
+    return GroupParts(own_a=form(x_a, x_a + 2 * x_rest), own_b=form(x_b, x_b + 2 * x_rest),
+                      cross=2 * form(x_a, x_b), rest=rest)
+
+
+def best_cross_directions(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, M_a: torch.Tensor,
+                          M_b: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` unit output directions whose cross block `M_a^T Q_u M_b` is largest in Frobenius
+    norm, and those norms: `[k, d_out]`, `[k]` (descending).
+
+    The cross block is linear in u: `vec(M_a^T Q_u M_b) = L u` with
+    `L[(i,j), o] = sum_h 1/2 (G_a[i,h] I_b[j,h] + I_a[i,h] G_b[j,h]) W_out[h,o]`, `G_a = M_a^T W_gate`
+    etc., so the best directions are L's top right singular vectors: no output direction of the
+    layer has a larger cross term between the two groups (per unit norm) than the first.
+    `M_a [d, p]`, `M_b [d, q]`: the groups' input directions. Memory `p q h`."""
+    Ga, Ia, Gb, Ib = M_a.T @ W_gate, M_a.T @ W_in, M_b.T @ W_gate, M_b.T @ W_in
+    K = 0.5 * (Ga[:, None, :] * Ib[None] + Ia[:, None, :] * Gb[None])  # [p, q, h]
+    L = K.reshape(-1, K.shape[-1]) @ W_out  # [p q, d_out]
+    _, S, Vh = torch.linalg.svd(L, full_matrices=False)
+    return Vh[:k], S[:k]
+
+
+@dataclass
+class PartShares:
+    """Each part's mean over a set of tokens, per direction, each `[c]`."""
+
+    n_tokens: int
+    total: torch.Tensor  # mean x^T Q x
+    own_a: torch.Tensor  # mean own_a / mean |total|, signed
+    own_b: torch.Tensor
+    cross: torch.Tensor
+    rest: torch.Tensor
+    cross_weight: torch.Tensor  # mean |cross| / (sum of the four parts' mean |.|): in [0, 1]
+
+
+def part_shares(parts: GroupParts, where: torch.Tensor) -> PartShares:
+    """Shares of the parts on the tokens `where [t]` (bool): each part's mean relative to the
+    mean |x^T Q x|, so they add up to `mean total / mean |total|` (1 where the output keeps its
+    sign); NaN without tokens or where the output is 0 on all of them."""
+    n = int(where.sum())
+    pick = lambda v: v[where]  # noqa: E731
+    total = pick(parts.total)
+    scale = total.abs().mean(0) if n else torch.full(total.shape[1:], float("nan"))
+    scale = torch.where(scale > 0, scale, torch.full_like(scale, float("nan")))
+    own_a, own_b, cross, rest = (pick(v) for v in (parts.own_a, parts.own_b, parts.cross, parts.rest))
+    sizes = [v.abs().mean(0) for v in (own_a, own_b, cross, rest)]
+    return PartShares(n, total.mean(0), own_a.mean(0) / scale, own_b.mean(0) / scale, cross.mean(0) / scale,
+                      rest.mean(0) / scale, sizes[2] / torch.stack(sizes).sum(0))
