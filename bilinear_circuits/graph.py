@@ -106,13 +106,13 @@ class Graph:
         127.0.0.1 from a background thread (`port` 0: any free one); `Viewer.url` opens it and
         `Viewer.stop()` ends it."""
         from pipelines.engine.paths import RunPaths
-        from pipelines.graph.serve import graph_server, viewer_url
+        from pipelines.graph.serve import graph_server, viewer_path
 
         self.save(folder)
         server = graph_server(RunPaths(folder), port)
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
-        return Viewer(viewer_url(self.slug, server.server_address[1]), server, thread)
+        return Viewer(server.url + viewer_path(self.slug), server, thread)
 
 
 class Viewer:
