@@ -315,7 +315,7 @@ def test_a_graph_saves_circuit_tracers_files_and_serves_them(byo, tmp_path):
     viewer = graph.serve(tmp_path)
     try:
         port = viewer.url.split(":")[2].split("/")[0]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/graph_data/{graph.slug}.json", timeout=10) as answer:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/viewer/graph_data/{graph.slug}.json", timeout=10) as answer:
             assert json.loads(answer.read())["metadata"]["slug"] == graph.slug
     finally:
         viewer.stop()
