@@ -12,7 +12,7 @@ from circuits.bilinear import interaction_matrices
 from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, _popcount, _popcount_shifts,
                                           _unique_rows, bit_words, candidate_tokens, intervention_table, latent_lookup,
                                           member_effects, side_removal)
-from circuits.gates.ranking import circuit_ranks, is_split
+from circuits.gates.ranking import circuit_ranks, is_split, tiers
 from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, gate_types, keep_errors,
                                   keeps, ranking_terms, with_null_tokens)
 from circuits.weights import MLPWeights, SAEWeights
@@ -391,12 +391,13 @@ LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1)
 
 
 @pytest.mark.parametrize("table, expected", [
-    ((1.0, 0.0, 0.0, 0.0), "and"),  # t11, t10, t01, t00
-    ((1.0, 0.1, 0.2, 0.0), "and"),
+    # without the layer's form, an activation-level AND is a threshold AND (the bilinear rules: test_types_on_the_form)
+    ((1.0, 0.0, 0.0, 0.0), "threshold"),  # t11, t10, t01, t00
+    ((1.0, 0.1, 0.2, 0.0), "threshold"),
     ((1.0, 1.0, 1.0, 0.0), "or"),
     ((1.0, 0.5, 0.5, 0.0), "additive"),  # each necessary by the threshold, but no cross term
     ((1.0, 0.6, 0.3, 0.0), "additive"),
-    ((1.0, 0.4, 0.45, 0.2), "and"),
+    ((1.0, 0.4, 0.45, 0.2), "threshold"),
     ((1.0, 1.0, 0.0, 0.0), "one-sided"),  # A matters, B is a bystander
     ((1.0, 0.0, 0.95, 0.0), "one-sided"),
     ((1.0, 0.0, 0.95, 0.1), "one-sided"),  # B's own term 5% of f without A, 5% with it
@@ -526,7 +527,7 @@ def test_an_and_just_under_the_need_threshold_is_not_a_sure_one():
         stats.append(_token_statistics(np.stack([f, f * 0.05, f * (keep_b + rng.uniform(-spread, spread, 256)), 0 * f], 1)))
     n, mean, second = (np.array(x) for x in zip(*stats))
     plain = keeps(mean[:, 0], mean[:, 2], mean[:, 1], mean[:, 3])
-    assert list(gate_types(plain["keep_a"], plain["keep_b"], plain["keep_ab"], LIMITS)) == ["and", "and"]
+    assert list(gate_types(plain["keep_a"], plain["keep_b"], plain["keep_ab"], LIMITS)) == ["threshold", "threshold"]
     terms = ranking_terms(n, mean, second, 2.0, 1.0, LIMITS)
     assert list(terms["sure_and"]) == [False, True]
     assert list(ranking_terms(n, mean, second, 0.0, 0.0, LIMITS)["sure_and"]) == [True, True]  # the estimates' rule
@@ -553,6 +554,28 @@ def test_every_and_ranks_before_every_other_type():
 def test_a_pair_the_interventions_show_as_and_is_not_split():
     evidence = np.array([True, True, False])
     assert is_split(evidence, np.array(["and", "or", "or"], dtype=object)).tolist() == [False, True, False]
+
+
+def test_a_square_is_split_whatever_the_evidence_and_a_threshold_and_is_not_protected():
+    # the activation-level AND no longer shields a pair with split evidence; a square needs no evidence
+    evidence = np.array([True, False, True, False])
+    types = np.array(["threshold", "square", "and", "threshold"], dtype=object)
+    assert is_split(evidence, types).tolist() == [True, True, False, False]
+
+
+def test_bilinear_ands_rank_before_sure_threshold_ands_before_the_rest_and_squares_last():
+    out = np.arange(6)
+    types = np.array(["threshold", "and", "additive", "and", "square", "threshold"], dtype=object)
+    sure = np.array([True, False, False, True, True, False])  # the activation-level rule beyond luck
+    score = np.array([0.9, 0.1, 0.8, 0.3, 0.95, 0.7])
+    uncontradicted = np.array([True, True, True, True, True, True])
+    tier = tiers(types, sure, uncontradicted)
+    assert tier.tolist() == [1, 2, 0, 2, 1, 0]
+    rank = circuit_ranks(out, score, tier, is_split(np.zeros(6, dtype=bool), types), np.arange(6))
+    # the two bilinear ands by score, the sure threshold, the rest by score, the square (split) last
+    assert rank.tolist() == [3, 2, 4, 1, 6, 5]
+    # an and the truth table contradicts drops to the bottom tier
+    assert tiers(types, sure, ~np.eye(6, dtype=bool)[1]).tolist() == [1, 0, 0, 2, 1, 0]
 
 
 def _cache(source, z, eps, acts=None):
