@@ -42,8 +42,8 @@ def verdicts(table: pd.DataFrame, n: int, seconds: float | None = None) -> None:
     """Each layer's best circuit candidates of each kind, then those of each gate tag the table has."""
     when = f" ({seconds:.0f} s so far)" if seconds is not None else ""
     for kind, title in (("pair", "input pairs"), ("group", "group gates")):
-        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: every sure `and` first, "
-              f"then by causal_bound, the causal score less its sampling error; split ones last; confirmed by ablation on "
+        print(f"\nBest circuit candidates per layer, {title}, by circuit_rank (interventions: bilinear ands first, then "
+              f"sure threshold ands, then by causal_bound, the causal score less its sampling error; split ones last; confirmed by ablation on "
               f"tokens the ranking never read){when}:")
         for g in top(table, kind, n).itertuples(index=False):
             _print_candidate(g)
@@ -73,6 +73,7 @@ def _print_candidate(g) -> None:
                   f"{[int(m) for m in g.necessary_b]} of {len(g.members_b)} ({label(g.label_b)}), pruned")
     split = ", a split pair" if g.split_pair else ""
     print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: {g.gate_type}, "
+          f"cross term {g.cross_share:.0%} of the pre-activation, "
           f"causal_score {g.causal_score:.3f}, bound {g.causal_bound:.3f} (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both "
           f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score {g.gate_score:.3f}{split})")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
