@@ -36,8 +36,10 @@ cross term with every planted input that overlaps it, and in the seed-0 world on
 output was an AND with four planted inputs that the model computes (an answer the world did
 not declare). The input SAE is the planted dictionary
 (its encoder the decoder's transpose, but for the two latents of a split concept, which tell
-each other apart as a trained SAE's would; a threshold and a top-k); the output SAE reads
-each output along its own direction. Label channels mark the tokens where each group AND's cues
+each other apart as a trained SAE's would, and the square's two, which share their direction's
+value; a threshold and a top-k, its values scaled past the threshold so that a latent is its
+input's value on average); the output SAE reads each output along its own direction, past a
+small bias (the threshold AND's and the square's: their cut-offs). Label channels mark the tokens where each group AND's cues
 (`cue1`, ...) and context (`context1`, ...) are present, so label groups can be formed too.
 """
 
@@ -91,7 +93,7 @@ class Gate:
     @property
     def expected_types(self) -> tuple[str, ...]:
         """The `gate_type`s (`circuits.gates.types`) right for this output: a split concept's two
-        latents are anything but an and."""
+        latents are a square, or anything else but an and."""
         return EXPECTED_TYPES[self.kind]
 
 
@@ -347,8 +349,8 @@ def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
 def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
     """Per planted output, what the toolkit made of it; and the recovery figures: precision and
     recall of the planted ANDs among the k best candidates by circuit_rank (pairs: k = the
-    planted pair ANDs; group gates: k = every planted AND), whether every split concept ranks
-    after every other candidate, the share of planted outputs whose planted candidate gets a
+    planted pair ANDs; group gates: k = every planted AND), whether every split concept (and the
+    square) ranks after every other candidate, the share of planted outputs whose planted candidate gets a
     right `gate_type`, and whether the ablations confirm every planted AND and reject every
     other planted output."""
     verdicts = tables["gate_verdicts"]
@@ -365,7 +367,7 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
                      and _matches(by_output[int(r.out_feature)], *_sides(r))]
             summary[f"{kind}s: precision in top {n}"] = len(found) / n
             summary[f"{kind}s: recall in top {n}"] = len(set(found)) / k  # an AND found twice is recalled once
-        concepts = [set(g.side_a + g.side_b) for g in world.gates if g.kind == "split"]
+        concepts = [set(g.side_a + g.side_b) for g in world.gates if g.kind in ("split", "square")]
         ranked_as_gates = [r for r in mine.head(2 * k).itertuples() if not r.split_pair
                            and any(c <= set(r.members_a) | set(r.members_b) for c in concepts)]
         summary[f"{kind}s: no split concept among the top {2 * k} as a gate"] = not ranked_as_gates
