@@ -15,12 +15,14 @@ hidden unit per planted output (two for an OR):
   values, one input alone gives what both give);
 - XOR: `((d_a - d_b) . x)^2`, one input without the other;
 - additive: `(d_a . x)^2 + (d_b . x)^2` of two inputs that nearly always occur together (so
-  correlational statistics see an AND);
+  correlational statistics see an AND), their directions orthogonal (an overlap would make a
+  cross term of its own);
 - one-sided: `(d_a . x)^2` with a bystander b that nearly always occurs with a;
 - inhibition: `(d_a . x)((d_a - 0.6 d_b) . x)`, b lowers what a gives;
 - split concepts: one concept written as two latents with near-parallel directions, nearly
   always active together on one frequent token, read as `((d_a + d_b) . x)^2`;
-- a threshold AND: `(d_a . x)^2 + (d_b . x)^2` of two independent inputs, read by the output
+- a threshold AND: `(d_a . x)^2 + (d_b . x)^2` of two independent inputs (orthogonal
+  directions, as the additive output's, each at one value), read by the output
   SAE with a bias that one input alone rarely passes (`THRESHOLD_CUT`): each input necessary
   only through the SAE's cut-off, while the layer adds them (`threshold`, not `and`);
 - a square: one direction v written as two latents with the same decoder direction, always
@@ -121,7 +123,7 @@ SPLIT_TOKENS = 3  # per split concept: its frequent token (both latents), and on
 MIN_ALONE = 0.3  # the least part of a distractor's direction that no planted input writes to (a weaker square is noise)
 # the output SAE's cut-offs, as shares of the output's median pre-activation where both inputs are on: one input
 # of the threshold AND gives about half of it, one latent of the square about a quarter
-THRESHOLD_CUT, SQUARE_CUT = 0.65, 0.4
+THRESHOLD_CUT, SQUARE_CUT = 0.8, 0.4
 VALUES = (0.6, 1.2)  # an active input's value, uniform
 FIRE = 0.25  # an input latent fires where it reads more than this
 UNSHRINK = np.mean(VALUES) / (np.mean(VALUES) - FIRE)  # the input SAE's scale past its threshold
@@ -152,10 +154,14 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
     D[rest] -= (D[rest] @ planes) @ planes.T
     for i, (a, b) in enumerate(concepts):
         D[a], D[b] = planes[:, 2 * i], 0.8 * planes[:, 2 * i] + 0.6 * planes[:, 2 * i + 1]
-    squares = [(g.side_a[0], g.side_b[0]) for g in gates if g.kind == "square"]
-    for a, b in squares:  # one direction, two latents
-        D[b] = D[a]
     D = D / D.norm(dim=1, keepdim=True)
+    for g in gates:
+        a, b = g.side_a[0], (g.side_b or (None,))[0]
+        if g.kind == "square":  # one direction, two latents
+            D[b] = D[a]
+        elif g.kind in ("additive", "threshold"):  # two directions that add, with no overlap to make a cross term
+            D[b] = D[b] - (D[b] @ D[a]) * D[a]
+            D[b] = D[b] / D[b].norm()
 
     codes = _codes(cfg, gates, distractors, rng)  # [vocab, n_in]
     embed = torch.from_numpy(codes) @ D
@@ -270,7 +276,8 @@ def _codes(cfg: PlantedConfig, gates: list[Gate], distractors: list[int], rng) -
             elif g.kind in ("and", "or", "xor", "inhibition", "threshold"):
                 for m in g.side_a + g.side_b:
                     if rng.random() < 0.35:
-                        codes[t, m] = value(1)[0]
+                        # the threshold AND's inputs at one value: one alone then stays under the cut-off
+                        codes[t, m] = value(1)[0] if g.kind != "threshold" else np.mean(VALUES)
             elif g.kind in ("additive", "one-sided"):  # b nearly always with a (and, for additive, a with b)
                 a, b = g.side_a[0], g.side_b[0]
                 if rng.random() < 0.35:
