@@ -305,7 +305,7 @@ def test_the_printed_group_gate_names_its_pruned_sides_as_plain_numbers(capsys):
 
     row = dict(layer=0, kind="group", circuit_rank=1, out_feature=336, in_a=None, in_b=None,
                members_a=np.array([3, 116, 29]), members_b=np.array([249, 59]), necessary_a=np.array([116]),
-               necessary_b=np.array([249]), label_a="context=positive", label_b="negation", gate_type="and",
+               necessary_b=np.array([249]), label_a="context=positive", label_b="negation", gate_type="and", cross_share=0.6,
                causal_score=0.7, causal_bound=0.6, keep_a=0.2, keep_b=0.1, keep_ab=0.1, synergy=0.9, gate_score=0.0, split_pair=False,
                drop_a=np.nan, drop_b=np.nan, drop_both=np.nan, verdict="v", share_a=np.nan, out_description="",
                a_description="", b_description="", is_and=False, negation_gate=False)
