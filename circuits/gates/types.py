@@ -73,7 +73,7 @@ nearly all their pre-activation in the cross term and none in own terms; its thr
 (two squares added) carries none in the cross term and half in each side's own terms; its
 square carries half in the cross term and a quarter in each self term, exactly rank one. The
 `square` tolerance 0.8 lets the magnitudes of the two latents vary apart (two independent
-uniform magnitudes give a fit near 0.95) while the paper's AND, whose self terms vanish, has a
+uniform magnitudes give a fit of about 0.96) while the paper's AND, whose self terms vanish, has a
 fit far above 1 and an XOR's difference of two inputs a negative one.
 
 `untested` marks a candidate without tokens (or with `t11 <= 0`; the verdicts stage also
