@@ -117,6 +117,7 @@ class LayerIntervention:
         self.bias = sae_out.pre(mlp.b_in @ mlp.W_out + mlp.b_out)  # [n_out]
         self.read = (mlp.W_out @ sae_out.W_enc).T.contiguous()  # [n_out, d_mlp]: each output's read of the hidden units
         self._buffers = ()  # both_of_pairs' work space, grown as needed
+        self._form_buffers = ()  # form_parts' work space, grown as needed
 
     def project(self, source: torch.Tensor) -> torch.Tensor:
         """`[U, 2 d_mlp (+ d)]`: `y W_gate`, `y W_in` (`y = g * source`, before the norm's
@@ -173,27 +174,34 @@ class LayerIntervention:
         pre-activation less the bias. `projected [U, 2 d_mlp (+ d)]`: `project` of U tokens,
         `token [N]` each row's among them; `out [N]`: the output; `members_a [N, Ma]`,
         `members_b [N, Mb]` (-1 padding) and their latents there `coef_a, coef_b`."""
-        d_mlp = self.mlp.W_gate.shape[1]
-        rows = projected.index_select(0, token)
-        y = rows[:, : 2 * d_mlp]
-
-        def side(members: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        d_mlp, N = self.mlp.W_gate.shape[1], len(token)
+        # the inputs a, b and the whole y = a + b + r side by side [N, 3, 2 d_mlp], and their `x W_in` times
+        # f's read-out, in buffers kept between calls: tens of MB at the demo's chunks, faulted in page by
+        # page when fresh (as in both_of_pairs)
+        if not self._form_buffers or self._form_buffers[0].shape[0] < N:
+            self._form_buffers = (projected.new_empty(N, 3, 2 * d_mlp), projected.new_empty(N, 3, d_mlp),
+                                  projected.new_empty(N, d_mlp))
+        inputs, weighted, read = (buffer[:N] for buffer in self._form_buffers)
+        inputs[:, :2].zero_()
+        for slot, (members, coef) in enumerate(((members_a, coef_a), (members_b, coef_b))):
             entry, member, c = side_removal(coef, members)
-            taken = self.taken.index_select(0, member)[:, : 2 * d_mlp] * c[:, None].to(self.taken.dtype)
-            return torch.zeros_like(y).index_add_(0, entry, taken)
-
-        a, b = side(members_a, coef_a), side(members_b, coef_b)
-        r = y - a - b
-        read = self.read.index_select(0, out) * self.factor(rows[:, 2 * d_mlp :])[:, None]  # [N, d_mlp]
-
-        def form(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-            """`p^T Q q + q^T Q p` (twice the symmetric form) of two inputs' projections."""
-            return ((p[:, :d_mlp] * q[:, d_mlp:] + q[:, :d_mlp] * p[:, d_mlp:]) * read).sum(1)
-
-        parts = {"self_a": form(a, a) / 2, "self_b": form(b, b) / 2, "cross": form(a, b), "rest": form(r, r) / 2}
-        parts["own_a"] = parts["self_a"] + form(a, r)
-        parts["own_b"] = parts["self_b"] + form(b, r)
-        return parts
+            inputs[:, slot].index_add_(0, entry, self.taken.index_select(0, member)[:, : 2 * d_mlp]
+                                       * c[:, None].to(self.taken.dtype))
+        torch.index_select(projected[:, : 2 * d_mlp], 0, token, out=inputs[:, 2])
+        torch.index_select(self.read, 0, out, out=read)
+        scale = self.factor(projected[:, 2 * d_mlp :].index_select(0, token))
+        torch.mul(inputs[:, :, d_mlp:], (read * scale[:, None])[:, None, :], out=weighted)
+        # every product p_gate . (q_in * read) of a, b and y in one batched product [N, 3, 3]: nine row dot
+        # products one by one cost several times more (a pass over memory each)
+        dots = torch.bmm(inputs[:, :, :d_mlp], weighted.transpose(1, 2))
+        dot = lambda p, q: dots[:, p, q]  # noqa: E731
+        A, B, Y = 0, 1, 2
+        self_a, self_b, cross = dot(A, A), dot(B, B), dot(A, B) + dot(B, A)
+        # bilinearity gives the products with the rest from those with y: own_a = self_a + 2 a^T Q r, r = y - a - b
+        own_a = dot(A, Y) + dot(Y, A) - self_a - cross
+        own_b = dot(B, Y) + dot(Y, B) - self_b - cross
+        rest = dot(Y, Y) - own_a - own_b - cross
+        return {"self_a": self_a, "self_b": self_b, "cross": cross, "own_a": own_a, "own_b": own_b, "rest": rest}
 
     @torch.no_grad()
     def pair_cross(self, a: torch.Tensor, b: torch.Tensor, block: int = 4096) -> torch.Tensor:
