@@ -1,8 +1,9 @@
 """How well the toolkit finds circuits whose answer is known: a planted bilinear layer
 (`pipelines.planted`) with group ANDs, pair ANDs, an OR, an XOR, split concepts, confounders
 (an additive output of two inputs that nearly always co-occur, a one-sided output with a
-co-occurring bystander, an inhibition) and distractors in superposition, run through the
-circuits, features and verdicts code paths.
+co-occurring bystander, an inhibition, a threshold AND that only the output SAE's cut-off
+makes, a square of one direction written as two latents) and distractors in superposition,
+run through the circuits, features and verdicts code paths.
 
 Prints, per seed and per way of forming groups (eigenvectors only; eigenvectors and label
 classes): what was found for each planted output (its circuit candidate pair and best group

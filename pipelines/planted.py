@@ -15,11 +15,21 @@ hidden unit per planted output (two for an OR):
   values, one input alone gives what both give);
 - XOR: `((d_a - d_b) . x)^2`, one input without the other;
 - additive: `(d_a . x)^2 + (d_b . x)^2` of two inputs that nearly always occur together (so
-  correlational statistics see an AND);
+  correlational statistics see an AND), their directions orthogonal (an overlap would make a
+  cross term of its own);
 - one-sided: `(d_a . x)^2` with a bystander b that nearly always occurs with a;
 - inhibition: `(d_a . x)((d_a - 0.6 d_b) . x)`, b lowers what a gives;
 - split concepts: one concept written as two latents with near-parallel directions, nearly
   always active together on one frequent token, read as `((d_a + d_b) . x)^2`;
+- a threshold AND: `(d_a . x)^2 + (d_b . x)^2` of two independent inputs (orthogonal
+  directions, as the additive output's, each at one value), read by the output
+  SAE with a bias that one input alone rarely passes (`THRESHOLD_CUT`): each input necessary
+  only through the SAE's cut-off, while the layer adds them (`threshold`, not `and`);
+- a square: one direction v written as two latents with the same decoder direction, always
+  on together, each carrying half of v's value, read as `(v . x)^2` behind a cut-off that a
+  quarter of it rarely passes (`SQUARE_CUT`): removing either latent drops the output, so
+  the activations alone call it an AND, yet the 2x2 form on the two latents is rank one
+  (`square`);
 
 plus distractor inputs active at random, in superposition with all the rest, and distractor
 outputs: each the square of one distractor input read along the part of its direction that
@@ -28,8 +38,10 @@ cross term with every planted input that overlaps it, and in the seed-0 world on
 output was an AND with four planted inputs that the model computes (an answer the world did
 not declare). The input SAE is the planted dictionary
 (its encoder the decoder's transpose, but for the two latents of a split concept, which tell
-each other apart as a trained SAE's would; a threshold and a top-k); the output SAE reads
-each output along its own direction. Label channels mark the tokens where each group AND's cues
+each other apart as a trained SAE's would, and the square's two, which share their direction's
+value; a threshold and a top-k, its values scaled past the threshold so that a latent is its
+input's value on average); the output SAE reads each output along its own direction, past a
+small bias (the threshold AND's and the square's: their cut-offs). Label channels mark the tokens where each group AND's cues
 (`cue1`, ...) and context (`context1`, ...) are present, so label groups can be formed too.
 """
 
@@ -71,7 +83,7 @@ class Gate:
     """A planted output: what it computes from which inputs."""
 
     name: str
-    kind: str  # and | or | xor | additive | one-sided | inhibition | split | distractor
+    kind: str  # and | or | xor | additive | one-sided | inhibition | split | threshold | square | distractor
     output: int
     side_a: tuple[int, ...]
     side_b: tuple[int, ...]
@@ -83,7 +95,7 @@ class Gate:
     @property
     def expected_types(self) -> tuple[str, ...]:
         """The `gate_type`s (`circuits.gates.types`) right for this output: a split concept's two
-        latents are anything but an and."""
+        latents are a square, or anything else but an and."""
         return EXPECTED_TYPES[self.kind]
 
 
@@ -101,13 +113,20 @@ class PlantedWorld:
 STRUCTURE = [("group AND 1", "and", 3, 3), ("group AND 2", "and", 2, 4), ("pair AND 1", "and", 1, 1),
              ("pair AND 2", "and", 1, 1), ("OR", "or", 1, 1), ("XOR", "xor", 1, 1), ("split 1", "split", 1, 1),
              ("split 2", "split", 1, 1), ("additive", "additive", 1, 1), ("one-sided", "one-sided", 1, 1),
-             ("inhibition", "inhibition", 1, 1)]
+             ("inhibition", "inhibition", 1, 1), ("threshold AND", "threshold", 1, 1), ("square", "square", 1, 1)]
 EXPECTED_TYPES = {"and": ("and",), "or": ("or",), "xor": ("xor-like", "inhibition"), "additive": ("additive",),
                   "one-sided": ("one-sided",), "inhibition": ("inhibition",),
-                  "split": ("or", "additive", "one-sided", "neither"), "distractor": ("one-sided", "neither")}
+                  "split": ("square", "or", "additive", "one-sided", "neither"), "threshold": ("threshold",),
+                  "square": ("square",), "distractor": ("one-sided", "neither")}
 TOGETHER = 0.95  # how often an additive output's two inputs, and a one-sided output's bystander, come together
 SPLIT_TOKENS = 3  # per split concept: its frequent token (both latents), and one rare token per latent
 MIN_ALONE = 0.3  # the least part of a distractor's direction that no planted input writes to (a weaker square is noise)
+# the output SAE's cut-offs, as shares of the output's median pre-activation where both inputs are on: one input
+# of the threshold AND gives about half of it, one latent of the square about a quarter
+THRESHOLD_CUT, SQUARE_CUT = 0.8, 0.4
+VALUES = (0.6, 1.2)  # an active input's value, uniform
+FIRE = 0.25  # an input latent fires where it reads more than this
+UNSHRINK = np.mean(VALUES) / (np.mean(VALUES) - FIRE)  # the input SAE's scale past its threshold
 
 
 def build_world(cfg: PlantedConfig) -> PlantedWorld:
@@ -136,6 +155,13 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
     for i, (a, b) in enumerate(concepts):
         D[a], D[b] = planes[:, 2 * i], 0.8 * planes[:, 2 * i] + 0.6 * planes[:, 2 * i + 1]
     D = D / D.norm(dim=1, keepdim=True)
+    for g in gates:
+        a, b = g.side_a[0], (g.side_b or (None,))[0]
+        if g.kind == "square":  # one direction, two latents
+            D[b] = D[a]
+        elif g.kind in ("additive", "threshold"):  # two directions that add, with no overlap to make a cross term
+            D[b] = D[b] - (D[b] @ D[a]) * D[a]
+            D[b] = D[b] / D[b].norm()
 
     codes = _codes(cfg, gates, distractors, rng)  # [vocab, n_in]
     embed = torch.from_numpy(codes) @ D
@@ -153,8 +179,10 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
             units.append((g.output, da - db, da - db))
         elif g.kind == "or":
             units += [(g.output, da, da), (g.output, db, db), (g.output, da, -db)]
-        elif g.kind == "additive":
+        elif g.kind in ("additive", "threshold"):
             units += [(g.output, da, da), (g.output, db, db)]
+        elif g.kind == "square":  # both latents write the same direction: the square of it
+            units.append((g.output, da, da))
         elif g.kind == "one-sided":
             units.append((g.output, da, da))
         elif g.kind == "inhibition":
@@ -186,15 +214,24 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
         model.load_state_dict(state)
 
     max_active = int((codes != 0).sum(1).max())
-    encoder = D.clone()
+    encoder, b_in = D.clone(), torch.full((n_in,), -FIRE)
     for g in gates:  # a split concept's two latents tell each other apart, as a trained SAE's would
         if g.kind == "split":
             pair = [g.side_a[0], g.side_b[0]]
             encoder[pair] = torch.linalg.pinv(D[pair]).T
-    sae_in = SAEWeights(W_enc=encoder.T.float().contiguous(), b_enc=torch.full((n_in,), -0.25), W_dec=D.float(),
+        if g.kind == "square":  # the two latents share the value, and the threshold, of their one direction
+            pair = [g.side_a[0], g.side_b[0]]
+            encoder[pair], b_in[pair] = D[pair] / 2, -FIRE / 2
+    # the values past the threshold, scaled so that a latent is its input's value on average (a trained SAE's is
+    # not shrunk by its threshold; shrunk, part of each input stays in the SAE's error, and the pre-activation's
+    # split counts its product with the input as the input's own term)
+    sae_in = SAEWeights(W_enc=(encoder.T * UNSHRINK).float().contiguous(), b_enc=b_in * UNSHRINK, W_dec=D.float(),
                         b_dec=torch.zeros(d), k=max_active)
-    sae_out = SAEWeights(W_enc=U.T.float().contiguous(), b_enc=torch.full((n_out,), -0.05), W_dec=U.float(),
-                         b_dec=torch.zeros(d))
+    b_out = torch.full((n_out,), -0.05)
+    for g in gates:
+        if g.kind in ("threshold", "square"):
+            b_out[g.output] = -_cut(g, codes, embed, gate_gate, gate_in, outputs)
+    sae_out = SAEWeights(W_enc=U.T.float().contiguous(), b_enc=b_out, W_dec=U.float(), b_dec=torch.zeros(d))
     saes = LayerSAEs(0, LoadedSAE(sae_in, None, "planted", (0, RESID_MID)), RESID_MID,
                      LoadedSAE(sae_out, None, "planted", (0, MLP_OUT)))
     tokens = _tokens(cfg, gates, rng)
@@ -204,10 +241,21 @@ def build_world(cfg: PlantedConfig) -> PlantedWorld:
     return PlantedWorld(model, saes, rows, tokenizer, {c: [c] for c in labels}, gates)
 
 
+def _cut(gate: Gate, codes: np.ndarray, embed: torch.Tensor, gate_w: list, in_w: list, outputs: list) -> float:
+    """The output SAE's cut-off of a threshold AND or a square (`THRESHOLD_CUT`, `SQUARE_CUT`):
+    that share of the output's median pre-activation over the token ids with both inputs on
+    (the MLP input is the embedding through the norm, without a gain)."""
+    both = np.flatnonzero((codes[:, list(gate.side_a + gate.side_b)] != 0).all(1))
+    x = embed[both] / embed[both].square().mean(1, keepdim=True).sqrt()
+    units = [u for u, o in enumerate(outputs) if o == gate.output]
+    pre = sum((x @ gate_w[u]) * (x @ in_w[u]) for u in units)
+    return float(pre.median()) * (THRESHOLD_CUT if gate.kind == "threshold" else SQUARE_CUT)
+
+
 def _codes(cfg: PlantedConfig, gates: list[Gate], distractors: list[int], rng) -> np.ndarray:
     """The code of every token id `[vocab, n_inputs]`: which inputs it carries, how strongly."""
     codes = np.zeros((cfg.vocab, cfg.n_inputs))
-    value = lambda n: rng.uniform(0.6, 1.2, n)  # noqa: E731
+    value = lambda n: rng.uniform(*VALUES, n)  # noqa: E731
     split_token = _split_tokens(gates)
     for t in range(cfg.vocab):
         if t in split_token:
@@ -222,10 +270,14 @@ def _codes(cfg: PlantedConfig, gates: list[Gate], distractors: list[int], rng) -
                 if rng.random() < 0.35:
                     members = [m for m in g.side_b if rng.random() < 0.6] or [rng.choice(g.side_b)]
                     codes[t, members] = value(len(members))
-            elif g.kind in ("and", "or", "xor", "inhibition"):
+            elif g.kind == "square":  # one value, half on each latent
+                if rng.random() < 0.35:
+                    codes[t, list(g.side_a + g.side_b)] = value(1)[0] / 2
+            elif g.kind in ("and", "or", "xor", "inhibition", "threshold"):
                 for m in g.side_a + g.side_b:
                     if rng.random() < 0.35:
-                        codes[t, m] = value(1)[0]
+                        # the threshold AND's inputs at one value: one alone then stays under the cut-off
+                        codes[t, m] = value(1)[0] if g.kind != "threshold" else np.mean(VALUES)
             elif g.kind in ("additive", "one-sided"):  # b nearly always with a (and, for additive, a with b)
                 a, b = g.side_a[0], g.side_b[0]
                 if rng.random() < 0.35:
@@ -304,8 +356,8 @@ def analyse(world: PlantedWorld, circuits, features, verdicts) -> dict:
 def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
     """Per planted output, what the toolkit made of it; and the recovery figures: precision and
     recall of the planted ANDs among the k best candidates by circuit_rank (pairs: k = the
-    planted pair ANDs; group gates: k = every planted AND), whether every split concept ranks
-    after every other candidate, the share of planted outputs whose planted candidate gets a
+    planted pair ANDs; group gates: k = every planted AND), whether every split concept (and the
+    square) ranks after every other candidate, the share of planted outputs whose planted candidate gets a
     right `gate_type`, and whether the ablations confirm every planted AND and reject every
     other planted output."""
     verdicts = tables["gate_verdicts"]
@@ -322,7 +374,7 @@ def score(world: PlantedWorld, tables: dict) -> tuple[pd.DataFrame, dict]:
                      and _matches(by_output[int(r.out_feature)], *_sides(r))]
             summary[f"{kind}s: precision in top {n}"] = len(found) / n
             summary[f"{kind}s: recall in top {n}"] = len(set(found)) / k  # an AND found twice is recalled once
-        concepts = [set(g.side_a + g.side_b) for g in world.gates if g.kind == "split"]
+        concepts = [set(g.side_a + g.side_b) for g in world.gates if g.kind in ("split", "square")]
         ranked_as_gates = [r for r in mine.head(2 * k).itertuples() if not r.split_pair
                            and any(c <= set(r.members_a) | set(r.members_b) for c in concepts)]
         summary[f"{kind}s: no split concept among the top {2 * k} as a gate"] = not ranked_as_gates

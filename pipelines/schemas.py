@@ -94,6 +94,8 @@ _ABLATED = (
         "active (at most `--ablate-tokens`)"),
     col("activation_before, activation_after, pre_before, pre_after", FLOAT,
         "the output's activation and pre-activation, means"),
+    col("pre_constant", FLOAT, "the output's pre-activation with no MLP input (the MLP's biases through the encoder): "
+        "pre less it is the MLP output along the feature's encoder direction, before any TopK"),
     col("pre_change_predicted, activation_local", FLOAT, "the exact layer-local intervention on the same tokens "
         "(`circuits.gates.interventions`): the pre-activation change, and the activation after"),
     col("logprob_before, logprob_after", FLOAT, "mean next-token log-probability of the output's boosted tokens"),
@@ -107,6 +109,23 @@ _INTERVENTIONS = (
     col("act_none, act_a, act_b, act_ab, pre_none, pre_a, pre_b, pre_ab", FLOAT,
         "the output's mean activation and pre-activation there with nothing, side A, side B or both removed from the "
         "MLP input (`circuits.gates.interventions`)"),
+    col("pre_constant", FLOAT, "the output's pre-activation with no MLP input: the MLP's biases through the output "
+        "SAE's encoder (`b_enc - W_enc^T (b_dec - b_mlp)`)"),
+    col("form_self_a, form_self_b, form_own_a, form_own_b, form_cross, form_rest", FLOAT,
+        "the exact parts of `pre_none - pre_constant` with the norm's factor frozen, means over the iv_tokens: each "
+        "side's self term `x_S^T Q x_S`; each side's own terms (self term plus its products with the rest of the "
+        "input, b_dec included); the cross term `2 x_A^T Q x_B`; the rest's own form. own_a + own_b + cross + rest = "
+        "pre_none - pre_constant (`circuits.gates.interventions`, `LayerIntervention.form_parts`)"),
+    col("cross_share, own_a_share, own_b_share, rest_share", FLOAT, "form_cross, form_own_a, form_own_b, form_rest "
+        "over `pre_none - pre_constant` (they add up to 1; null where that is not positive): what the gate types read "
+        "(`circuits.gates.types`)"),
+    col("square_share, square_fit, square_part", FLOAT, "the 2x2 form on the sides (`form_self_a + form_self_b + "
+        "form_cross`) over `pre_none - pre_constant`; `form_cross / (2 sqrt(form_self_a form_self_b))` signed by the "
+        "self terms, 1 for one direction written as two latents (null unless the self terms share a sign); the smaller "
+        "side's part of that direction, `sqrt|self|` over both sides' sum (`circuits.gates.types.form_shares`)"),
+    col("layer_cross_share, layer_own_a_share, layer_own_b_share, layer_rest_share", FLOAT, "the closed form of "
+        "pre_none, pre_a, pre_b, pre_ab less pre_constant (the norm's factor recomputed with each removal, as the "
+        "layer computes it) over `pre_none - pre_constant`"),
     col("keep_a, keep_b, keep_ab, synergy", FLOAT, "`act_a / act_none`, ...: the share kept when a side leaves; "
         "`(f - f_a - f_b + f_ab) / f`, the cross term's share (`circuits.gates.types`)"),
     col("keep_a_se, keep_b_se, synergy_se", FLOAT, "standard errors of keep_a, keep_b and synergy over the iv_tokens "
@@ -114,17 +133,20 @@ _INTERVENTIONS = (
     col("causal_score", FLOAT, "`clip(1 - max(keep_a, keep_b), 0, 1) * clip(synergy, 0, 1)`"),
     col("causal_bound", FLOAT, "the causal score with keep_a and keep_b raised and synergy lowered by `--rank-z` "
         "standard errors, of the sample with `--null-tokens` of no effect added: what circuit_rank orders by"),
-    col("sure_and", BOOL, "the `and` rule holds with keep_a and keep_b raised and synergy lowered by `--rank-z` "
-        "standard errors (null tokens added): ranked before every other candidate (`circuits.gates.types`)"),
-    col("gate_type", STR, "`and`, `or`, `additive`, `one-sided`, `inhibition`, `xor-like`, `neither` or `untested` "
-        "(`circuits.gates.types`)"),
+    col("sure_and", BOOL, "the activation-level AND rule holds with keep_a and keep_b raised and synergy lowered by "
+        "`--rank-z` standard errors (null tokens added): ranked after the bilinear ands and before every other "
+        "candidate (`circuits.gates.ranking`)"),
+    col("gate_type", STR, "on the layer's pre-activation: `square` (one direction as two latents) or `and` (the "
+        "bilinear AND: cross_share >= `--bilinear-cross`, each own share within `--bilinear-own`); else on the "
+        "activations: `xor-like`, `inhibition`, `threshold` (both sides necessary only through the output SAE's "
+        "cut-off), `or`, `neither`, `one-sided`, `additive`; or `untested` (`circuits.gates.types`)"),
 )
 _RANKED = (
-    col("split_pair", BOOL, "one concept split over two latents: the correlational evidence and not an `and` by "
-        "intervention (`circuits.gates.ranking`)"),
-    col("circuit_rank", INT, "rank in the layer of each output's circuit candidate: sure ands that and_data does not "
-        "contradict first, then by causal_bound, split ones last "
-        "(`circuits.gates.ranking`; null otherwise)"),
+    col("split_pair", BOOL, "one concept split over two latents: a `square`, or the correlational evidence and not "
+        "a bilinear `and` (`circuits.gates.ranking`)"),
+    col("circuit_rank", INT, "rank in the layer of each output's circuit candidate: bilinear ands, then sure "
+        "activation-level ands, each where and_data does not contradict it, then the rest, each by causal_bound; "
+        "split ones last (`circuits.gates.ranking`; null otherwise)"),
 )
 _GROUPS = (
     col("group_a, group_b", INT, "the two input groups (ids within the layer, see group_gates)"),
@@ -304,8 +326,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           sort=("layer", "input_site", "outputs", "kind", "circuit_rank"),
           categories=("kind",), columns=(
         col("kind", STR, "`pair` or `group`"),
-        col("circuit_rank", INT, "rank in the layer among candidates of its kind: sure ands that and_data does not "
-            "contradict first, then by causal_bound, split ones last"),
+        col("circuit_rank", INT, "rank in the layer among candidates of its kind, as in pair_gates"),
         col("in_a, in_b", INT, "`pair`: the inputs (null for groups)"),
         col("group_a, group_b", INT, "`group`: the groups (ids of group_gates; null for pairs)"),
         col("members_a, members_b", INTS, "the inputs of each side"),
@@ -318,17 +339,29 @@ TABLES: dict[str, Table] = {t.name: t for t in (
         col("split_pair", BOOL, "one concept split over two latents (`circuits.gates.ranking`)"),
         col("keep_a, keep_b, keep_ab, synergy, causal_score, causal_bound", FLOAT, "the interventions, as in pair_gates"),
         col("sure_and", BOOL, "as in pair_gates"),
+        col("cross_share, own_a_share, own_b_share, rest_share, square_fit", FLOAT, "the layer's pre-activation, as "
+            "in pair_gates"),
         col("gate_type", STR, "as in pair_gates"),
         col("necessary_a, necessary_b", INTS, "`group`: as in group_gates (null for pairs)"),
         col("drop_a, drop_b, drop_both", FLOAT, "share of the output's activation the model-run ablation removed on "
             "confirmation tokens (null if not ablated)"),
+        col("mlp_keep_a, mlp_keep_b, mlp_keep_both", FLOAT, "share of the MLP output along the feature's encoder "
+            "direction (pre-activation less pre_constant, no TopK) the model-run ablation kept (null if not ablated)"),
+        col("logprob_drop_a, logprob_drop_b, logprob_drop_both", FLOAT, "how much the ablation lowered the mean "
+            "log-probability of the output's boosted tokens downstream (null if not ablated or none boosted)"),
+        col("sae_confirms, mlp_confirms, logprob_confirms", BOOL, "the model run says both sides are necessary: by the "
+            "SAE's activation (each drop at least 1 - need), by the MLP output with no TopK (each mlp_keep at most "
+            "need), by the log-probability (removing both lowers it, each side alone at least 1 - need of that) "
+            "(`pipelines.analysis.verdicts.confirmations`; null where not measured)"),
+        col("mlp_disagrees, logprob_disagrees", BOOL, "that measure says otherwise than sae_confirms: an mlp "
+            "disagreement is a side necessary only through the SAE's cut-off, or the reverse"),
         col("ablation_tokens", INT, "tokens the ablations ran on"),
         col("share_a, share_b, share_other, share_bias, share_error", FLOAT,
             "share of the output's quadratic form on those tokens from side A's part of the MLP input, side B's, the "
             "other inputs', b_dec's and the SAE's reconstruction error (they add up to 1)"),
         col("truth, verdict", STR, "what the truth table says; the verdict"),
-        col("truth_and, is_and", BOOL, "the truth table says AND; the candidate behaves as an AND gate (an `and` "
-            "by intervention that the model run confirms)"),
+        col("truth_and, is_and", BOOL, "the truth table says AND; the candidate behaves as an AND gate (a bilinear "
+            "`and` by intervention that the model run confirms by the MLP output, mlp_confirms)"),
         col("out_description, a_description, b_description", STR, "the features' descriptions"),
     ), optional=tuple(_tag_column(tag) for tag in GATE_TAGS)),
     Table("graph_nodes", "graph", "a node of a prompt's attribution graph (all nodes, pruned or not)", circuit=False,

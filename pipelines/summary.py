@@ -135,9 +135,9 @@ def _print_candidate(g) -> None:
                   f"{[int(m) for m in g.necessary_b]} of {len(g.members_b)} ({label(g.label_b)}), pruned")
     split = ", a split pair" if g.split_pair else ""
     print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: {g.gate_type}, "
-          f"causal_score {g.causal_score:.3f}, bound {g.causal_bound:.3f} (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both "
-          f"{g.keep_ab:.0%}; synergy {g.synergy:.2f}; gate_score "
-          f"{'not measured' if pd.isna(g.gate_score) else f'{g.gate_score:.3f}'}{split})")
+          f"causal_score {g.causal_score:.3f}, bound {g.causal_bound:.3f}, cross term {g.cross_share:.0%} of the "
+          f"pre-activation (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both {g.keep_ab:.0%}; synergy "
+          f"{g.synergy:.2f}; gate_score {'not measured' if pd.isna(g.gate_score) else f'{g.gate_score:.3f}'}{split})")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
                       if pd.notna(getattr(g, "drop_" + k)))
     print(f"      verdict: {g.verdict}{'; ' + drops if drops else ''}")

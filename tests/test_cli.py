@@ -379,6 +379,33 @@ def test_demo_small_ranks_and_judges_pairs_and_group_gates(demo):
     assert set(group_truth["cell"]) == {"on_on", "on_off", "off_on", "off_off"}
 
 
+def test_demo_small_types_and_only_what_the_layer_computes_as_an_and(demo):
+    """Acceptance of the bilinear AND: on every gate table of the demo run, each candidate typed
+    `and` carries at least `bilinear_cross` of its output's pre-activation in its cross term,
+    and its sides' own terms at most `bilinear_own`; an AND verdict rests on the MLP output
+    along the feature, not the SAE's activation."""
+    from pipelines.demo import DemoConfig
+
+    run, _ = demo
+    rules = DemoConfig.small().verdicts.rules
+    for name in ("pair_gates", "group_gates", "gate_verdicts"):
+        table = pd.read_parquet(run / "tables" / name)
+        assert {"cross_share", "own_a_share", "own_b_share"} <= set(table.columns), name
+        ands = table[table["gate_type"] == "and"]
+        assert (ands["cross_share"] >= rules.bilinear_cross).all(), (name, ands["cross_share"].min())
+        assert (ands[["own_a_share", "own_b_share"]].max(axis=1) <= rules.bilinear_own).all(), name
+        # the parts of the frozen form add up to the pre-activation less its constant
+        if name != "gate_verdicts":
+            tested = table[table["gate_type"] != "untested"]
+            parts = tested[["form_own_a", "form_own_b", "form_cross", "form_rest"]].sum(axis=1)
+            np.testing.assert_allclose(parts, tested["pre_none"] - tested["pre_constant"], rtol=1e-4, atol=1e-4)
+    verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")
+    assert verdicts.loc[verdicts["is_and"], "mlp_confirms"].eq(True).all()
+    ablated = verdicts[verdicts["drop_a"].notna()]
+    assert len(ablated) and ablated["mlp_confirms"].notna().all()
+    assert (ablated["mlp_disagrees"] == (ablated["mlp_confirms"] != ablated["sae_confirms"])).all()
+
+
 def test_demo_small_gives_every_candidate_a_negation_label(demo):
     """The story corpus labels negations and contexts: every candidate is, or is not, a
     negation gate (a corpus without such labels has no such column, test_report)."""

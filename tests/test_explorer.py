@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from circuits.gates.types import GATE_TYPES
+from circuits.gates.types import GATE_TYPES, layer_shares
 from pipelines import schemas
 from pipelines.data.story_corpus import NEGATION_GATE
 from pipelines.engine.paths import RunPaths
@@ -51,10 +51,10 @@ LEFT_OUT = {"gate_verdicts": PER_LAYER + ("out_description", "a_description", "b
             "features": ("layer",), "feature_labels": ("layer", "lift")}
 N_TRUTH, N_ABLATE = 4, 2  # candidates per layer with a truth table (gate_truth), ablated per kind
 CELLS = ("on_on", "on_off", "off_on", "off_off")
-ABLATION_NUMBERS = ("activation_before", "activation_after", "pre_before", "pre_after", "pre_change_predicted",
-                    "activation_local", "logprob_before", "logprob_after")
+ABLATION_NUMBERS = ("activation_before", "activation_after", "pre_before", "pre_after", "pre_constant",
+                    "pre_change_predicted", "activation_local", "logprob_before", "logprob_after")
 VERDICT_INTERVENTIONS = ("keep_a", "keep_b", "keep_ab", "synergy", "causal_score", "causal_bound", "sure_and",
-                         "gate_type")
+                         "gate_type", "cross_share", "own_a_share", "own_b_share", "rest_share", "square_fit")
 SHARES = ("share_a", "share_b", "share_other", "share_bias", "share_error")
 
 
@@ -83,7 +83,7 @@ def _ablations(rng, chosen: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         for ablated, keep in (("a", rng.uniform(0.0, 0.9)), ("b", rng.uniform(0.0, 0.9)), ("both", 0.0)):
             rows.append({"out_feature": r["out_feature"], **{k: r[k] for k in keys}, "ablated": ablated, "n_tokens": n,
                          "activation_before": before, "activation_after": before * float(keep),
-                         "pre_before": before, "pre_after": before * float(keep) - 0.1,
+                         "pre_before": before, "pre_after": before * float(keep) - 0.1, "pre_constant": -0.1,
                          "pre_change_predicted": -before * (1 - float(keep)),
                          "activation_local": before * float(keep), "logprob_before": -5.0,
                          "logprob_after": -5.0 - float(rng.random()), **shares})
@@ -100,6 +100,15 @@ def _interventions(rng, members_a=None, members_b=None) -> dict:
            **keep, "synergy": synergy, **{f"{k}_se": float(rng.uniform(0, 0.1)) for k in ("keep_a", "keep_b", "synergy")},
            "causal_score": float(np.clip(1 - max(keep["keep_a"], keep["keep_b"]), 0, 1) * np.clip(synergy, 0, 1)),
            "gate_type": str(rng.choice(GATE_TYPES[:-1]))}
+    # the pre-activation's parts: random, adding up to pre_none less its constant
+    out["pre_constant"] = -0.5
+    total = out["pre_none"] - out["pre_constant"]
+    parts = dict(zip(("own_a", "own_b", "cross", "rest"), total * rng.dirichlet(np.ones(4))))
+    out.update({f"form_{k}": v for k, v in parts.items()}, form_self_a=parts["own_a"] / 2, form_self_b=parts["own_b"] / 2,
+               **{f"{k}_share": v / total for k, v in parts.items()},
+               square_share=(parts["own_a"] / 2 + parts["own_b"] / 2 + parts["cross"]) / total,
+               square_fit=parts["cross"] / np.sqrt(parts["own_a"] * parts["own_b"]), square_part=float(rng.uniform(0, 0.5)),
+               **layer_shares(*(out[f"pre_{k}"] for k in ("none", "a", "b", "ab")), out["pre_constant"]))
     out["causal_bound"] = out["causal_score"] * float(rng.uniform(0, 1))
     out["sure_and"] = out["gate_type"] == "and" and out["causal_bound"] > 0.2
     if members_a is not None:
@@ -120,13 +129,24 @@ def _verdict_columns(row: dict, ablation: pd.DataFrame, keys: list[str], text: s
     if len(mine):
         drop = {a: float((g["activation_before"] - g["activation_after"]).iloc[0] / g["activation_before"].iloc[0])
                 for a, g in mine.groupby("ablated")}
+        kept = {a: float(((g["pre_after"] - g["pre_constant"]) / (g["pre_before"] - g["pre_constant"])).iloc[0])
+                for a, g in mine.groupby("ablated")}
+        lowered = {a: float((g["logprob_before"] - g["logprob_after"]).iloc[0]) for a, g in mine.groupby("ablated")}
         out.update(drop_a=drop["a"], drop_b=drop["b"], drop_both=drop["both"],
+                   **{f"mlp_keep_{a}": v for a, v in kept.items()}, **{f"logprob_drop_{a}": v for a, v in lowered.items()},
+                   sae_confirms=min(drop["a"], drop["b"]) >= 0.5, mlp_confirms=max(kept["a"], kept["b"]) <= 0.5,
+                   logprob_confirms=min(lowered["a"], lowered["b"]) >= 0.5 * lowered["both"] > 0,
                    ablation_tokens=int(mine["n_tokens"].iloc[0]), **{s: float(mine[s].iloc[0]) for s in SHARES})
+        out.update(mlp_disagrees=out["mlp_confirms"] != out["sae_confirms"],
+                   logprob_disagrees=out["logprob_confirms"] != out["sae_confirms"])
         is_and = truth_and and min(drop["a"], drop["b"]) >= 0.5
         verdict = "behaves as an AND gate" if is_and else (truth if not truth_and else
                                                             "truth table says AND, but removing one side keeps most")
     else:
-        out.update(drop_a=np.nan, drop_b=np.nan, drop_both=np.nan, ablation_tokens=None, **{s: np.nan for s in SHARES})
+        out.update(drop_a=np.nan, drop_b=np.nan, drop_both=np.nan, ablation_tokens=None, **{s: np.nan for s in SHARES},
+                   **{f"{m}_{a}": np.nan for m in ("mlp_keep", "logprob_drop") for a in ("a", "b", "both")},
+                   **{c: None for c in ("sae_confirms", "mlp_confirms", "logprob_confirms", "mlp_disagrees",
+                                        "logprob_disagrees")})
         is_and = False
         verdict = "truth table says AND; no ablation measured" if truth_and else truth
     return {**out, "verdict": verdict + text, "is_and": is_and}

@@ -12,9 +12,9 @@ from circuits.bilinear import interaction_matrices
 from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, _popcount, _popcount_shifts,
                                           _unique_rows, bit_words, candidate_tokens, intervention_table, latent_lookup,
                                           member_effects, side_removal)
-from circuits.gates.ranking import circuit_ranks, is_split
-from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, gate_types, keep_errors,
-                                  keeps, ranking_terms, with_null_tokens)
+from circuits.gates.ranking import circuit_ranks, is_split, tiers
+from circuits.gates.types import (GateThresholds, causal_bound, causal_score, closed_form, form_shares, gate_types,
+                                  keep_errors, keeps, layer_shares, ranking_terms, with_null_tokens)
 from circuits.weights import MLPWeights, SAEWeights
 
 F64 = torch.float64
@@ -400,12 +400,13 @@ LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1)
 
 
 @pytest.mark.parametrize("table, expected", [
-    ((1.0, 0.0, 0.0, 0.0), "and"),  # t11, t10, t01, t00
-    ((1.0, 0.1, 0.2, 0.0), "and"),
+    # without the layer's form, an activation-level AND is a threshold AND (the bilinear rules: test_types_on_the_form)
+    ((1.0, 0.0, 0.0, 0.0), "threshold"),  # t11, t10, t01, t00
+    ((1.0, 0.1, 0.2, 0.0), "threshold"),
     ((1.0, 1.0, 1.0, 0.0), "or"),
     ((1.0, 0.5, 0.5, 0.0), "additive"),  # each necessary by the threshold, but no cross term
     ((1.0, 0.6, 0.3, 0.0), "additive"),
-    ((1.0, 0.4, 0.45, 0.2), "and"),
+    ((1.0, 0.4, 0.45, 0.2), "threshold"),
     ((1.0, 1.0, 0.0, 0.0), "one-sided"),  # A matters, B is a bystander
     ((1.0, 0.0, 0.95, 0.0), "one-sided"),
     ((1.0, 0.0, 0.95, 0.1), "one-sided"),  # B's own term 5% of f without A, 5% with it
@@ -535,7 +536,7 @@ def test_an_and_just_under_the_need_threshold_is_not_a_sure_one():
         stats.append(_token_statistics(np.stack([f, f * 0.05, f * (keep_b + rng.uniform(-spread, spread, 256)), 0 * f], 1)))
     n, mean, second = (np.array(x) for x in zip(*stats))
     plain = keeps(mean[:, 0], mean[:, 2], mean[:, 1], mean[:, 3])
-    assert list(gate_types(plain["keep_a"], plain["keep_b"], plain["keep_ab"], LIMITS)) == ["and", "and"]
+    assert list(gate_types(plain["keep_a"], plain["keep_b"], plain["keep_ab"], LIMITS)) == ["threshold", "threshold"]
     terms = ranking_terms(n, mean, second, 2.0, 1.0, LIMITS)
     assert list(terms["sure_and"]) == [False, True]
     assert list(ranking_terms(n, mean, second, 0.0, 0.0, LIMITS)["sure_and"]) == [True, True]  # the estimates' rule
@@ -562,6 +563,28 @@ def test_every_and_ranks_before_every_other_type():
 def test_a_pair_the_interventions_show_as_and_is_not_split():
     evidence = np.array([True, True, False])
     assert is_split(evidence, np.array(["and", "or", "or"], dtype=object)).tolist() == [False, True, False]
+
+
+def test_a_square_is_split_whatever_the_evidence_and_a_threshold_and_is_not_protected():
+    # the activation-level AND no longer shields a pair with split evidence; a square needs no evidence
+    evidence = np.array([True, False, True, False])
+    types = np.array(["threshold", "square", "and", "threshold"], dtype=object)
+    assert is_split(evidence, types).tolist() == [True, True, False, False]
+
+
+def test_bilinear_ands_rank_before_sure_threshold_ands_before_the_rest_and_squares_last():
+    out = np.arange(6)
+    types = np.array(["threshold", "and", "additive", "and", "square", "threshold"], dtype=object)
+    sure = np.array([True, False, False, True, True, False])  # the activation-level rule beyond luck
+    score = np.array([0.9, 0.1, 0.8, 0.3, 0.95, 0.7])
+    uncontradicted = np.array([True, True, True, True, True, True])
+    tier = tiers(types, sure, uncontradicted)
+    assert tier.tolist() == [1, 2, 0, 2, 1, 0]
+    rank = circuit_ranks(out, score, tier, is_split(np.zeros(6, dtype=bool), types), np.arange(6))
+    # the two bilinear ands by score, the sure threshold, the rest by score, the square (split) last
+    assert rank.tolist() == [3, 2, 4, 1, 6, 5]
+    # an and the truth table contradicts drops to the bottom tier
+    assert tiers(types, sure, ~np.eye(6, dtype=bool)[1]).tolist() == [1, 0, 0, 2, 1, 0]
 
 
 def _cache(source, z, eps, acts=None):
@@ -696,3 +719,122 @@ def test_the_shortlist_is_retested_on_more_tokens_and_ranked_again():
     if len(calls) - 1 < 3:  # it stopped early: the best two are retested
         assert retest[np.argsort(found["circuit_rank"].to_numpy(dtype=float))[:2]].all()
     assert retested(layer, cache, first, sides, ranked, cfg.replace(shortlist=0)) is first
+
+
+@pytest.mark.parametrize("site", ["resid_mid", "mlp_in"])
+def test_the_form_parts_are_an_exact_partition_of_the_pre_activation(site):
+    # from the definitions, per token: the MLP input x with the norm's factor of the clean token frozen, split into
+    # x_A, x_B (each side's latents through the gain and that factor) and the rest; the parts are the quadratic
+    # form's terms, and they add up to the pre-activation less the biases' constant
+    mlp, W_dec, sae_out, randn = world(3, k=None, relu=False)
+    layer = LayerIntervention(mlp, W_dec, sae_out, site)
+    Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, sae_out.W_enc.T)  # [n_out, d, d]
+    z = torch.zeros(6, N_IN, dtype=F64)
+    z[:, [1, 2, 3, 8, 9, 11]] = randn(6, 6).abs() + 0.1
+    source = z @ W_dec + randn(6, D) / 3  # plus what the SAE does not reconstruct: part of the rest
+    sides = Sides.of_groups([3, 3, 11, 0, 6, 2], [[1], [1, 2], [8], [3, 9], [2], [11]],
+                            [[2], [8, 9], [1, 3], [1], [9], [8]])
+    entries = Entries(cand=torch.arange(6), token=torch.arange(6))
+    table = intervention_table(layer, source, z, sides, entries)
+    for c in range(6):
+        r = source[c]
+        factor = 1 / torch.sqrt(r.square().mean() + mlp.eps) if site == "resid_mid" else 1.0
+        gain = mlp.g if site == "resid_mid" else 1.0
+        image = lambda members: sum(z[c, m] * W_dec[m] for m in members if m >= 0) * gain * factor  # noqa: E731
+        x = r * gain * factor
+        xa, xb = image(sides.a[c].tolist()), image(sides.b[c].tolist())
+        rest = x - xa - xb
+        q = Q[sides.out[c]]
+        want = {"self_a": xa @ q @ xa, "self_b": xb @ q @ xb, "cross": 2 * xa @ q @ xb, "rest": rest @ q @ rest,
+                "own_a": xa @ q @ xa + 2 * xa @ q @ rest, "own_b": xb @ q @ xb + 2 * xb @ q @ rest}
+        for part, value in want.items():
+            np.testing.assert_allclose(table[f"form_{part}"][c], float(value), rtol=1e-9, atol=1e-12, err_msg=part)
+        total = sum(float(table[f"form_{p}"][c]) for p in ("own_a", "own_b", "cross", "rest"))
+        pre = brute(mlp, W_dec, sae_out, site, r, torch.zeros(D))[0][sides.out[c]]
+        np.testing.assert_allclose(total, float(pre - table["pre_constant"][c]), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(float(table["pre_none"][c]), float(pre), rtol=1e-9)
+    # the closed form of the four pre-activations with the norm's factor frozen: the same cross and own terms
+    frozen = {}
+    for removal in REMOVALS:
+        values = []
+        for c in range(6):
+            r = source[c]
+            gone = lambda s: sum(z[c, m] * W_dec[m] for m in getattr(sides, s)[c].tolist() if m >= 0)  # noqa: E731
+            removed = {"none": 0 * r, "a": gone("a"), "b": gone("b"), "ab": gone("a") + gone("b")}[removal]
+            factor = 1 / torch.sqrt(r.square().mean() + mlp.eps) if site == "resid_mid" else 1.0
+            x = (r - removed) * (mlp.g if site == "resid_mid" else 1.0) * factor
+            values.append(float(sae_out.pre(((x @ mlp.W_gate) * (x @ mlp.W_in) + mlp.b_in) @ mlp.W_out + mlp.b_out)
+                                [sides.out[c]]))
+        frozen[removal] = np.array(values)
+    form = closed_form(frozen["none"], frozen["b"], frozen["a"], frozen["ab"])
+    np.testing.assert_allclose(form["cross"], table["form_cross"].numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(form["own_a"], table["form_own_a"].numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(form["own_b"], table["form_own_b"].numpy(), rtol=1e-9, atol=1e-12)
+    assert np.abs(table["form_cross"].numpy()).min() > 1e-4 and np.abs(table["form_rest"].numpy()).min() > 1e-4
+
+
+def test_the_form_parts_of_a_planted_layer():
+    # on mlp_in with orthonormal latents e0, e1, e2 and an output 3 x0 x1 + 2 x0^2 + x2 x0: side A = {0}, B = {1}
+    e = torch.eye(4, dtype=F64)
+    units = [(0, 1, 3.0), (0, 0, 2.0), (2, 0, 1.0)]  # (gate input, in input, weight to the output)
+    mlp = MLPWeights(W_gate=torch.stack([e[g] for g, _, _ in units], 1), W_in=torch.stack([e[i] for _, i, _ in units], 1),
+                     W_out=torch.tensor([[w, 0, 0, 0] for _, _, w in units], dtype=F64), b_in=torch.zeros(3, dtype=F64),
+                     b_out=torch.tensor([0.5, 0, 0, 0], dtype=F64), g=torch.ones(4, dtype=F64), eps=1e-5)
+    sae_out = SAEWeights(W_enc=e[:, :2].clone(), b_enc=torch.tensor([-0.2, 0.0], dtype=F64), W_dec=e[:2].clone(),
+                         b_dec=torch.zeros(4, dtype=F64))
+    layer = LayerIntervention(mlp, e[:3].clone(), sae_out, "mlp_in")
+    z = torch.tensor([[1.0, 2.0, 0.5], [0.5, 1.0, 0.0]], dtype=F64)
+    source = torch.cat([z, torch.zeros(2, 1, dtype=F64)], 1)
+    sides = Sides.of_pairs(torch.tensor([0]), torch.tensor([0]), torch.tensor([1]))
+    table = intervention_table(layer, source, z, sides, Entries(torch.tensor([0, 0]), torch.tensor([0, 1])))
+    x0, x1, x2 = z.T
+    want = {"self_a": 2 * x0**2, "self_b": 0 * x0, "cross": 3 * x0 * x1, "own_a": 2 * x0**2 + x2 * x0,
+            "own_b": 0 * x0, "rest": 0 * x0}
+    for part, value in want.items():
+        np.testing.assert_allclose(table[f"form_{part}"][0], float(value.mean()), atol=1e-12, err_msg=part)
+    assert float(table["pre_constant"][0]) == pytest.approx(0.3)  # b_out through the encoder, and b_enc
+
+
+def _types_of(parts: dict, keeps_: tuple[float, float, float] = (0.1, 0.1, 0.0)) -> str:
+    """The type of one candidate whose pre-activation less its constant is 1, split as `parts`."""
+    full = {"self_a": 0.0, "self_b": 0.0, "own_a": 0.0, "own_b": 0.0, "cross": 0.0, "rest": 0.0, **parts}
+    form = form_shares([1.5], [0.5], {k: [v] for k, v in full.items()})
+    return gate_types([keeps_[0]], [keeps_[1]], [keeps_[2]], FORM_LIMITS, form)[0]
+
+
+FORM_LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise=0.1, bilinear_cross=0.5,
+                             bilinear_own=0.2, square=0.8)
+
+
+@pytest.mark.parametrize("parts, keeps_, expected", [
+    ({"cross": 0.95, "rest": 0.05}, (0.1, 0.1, 0.0), "and"),  # the paper's AND: x_a x_b
+    ({"cross": 0.6, "own_a": 0.1, "own_b": 0.05, "rest": 0.25}, (0.6, 0.6, 0.3), "and"),  # the layer's AND, whatever the keeps
+    # own terms that lower the output leave each side no less necessary
+    ({"cross": 1.6, "self_a": -0.1, "own_a": -0.4, "own_b": -0.3, "rest": 0.1}, (0.05, 0.05, 0.0), "and"),
+    # two squares added, each side necessary only through the cut-off: a threshold AND
+    ({"self_a": 0.5, "own_a": 0.5, "self_b": 0.45, "own_b": 0.45, "cross": 0.0, "rest": 0.05}, (0.1, 0.15, 0.0),
+     "threshold"),
+    # the same sum read without a cut-off keeps half of f on either side: additive
+    ({"self_a": 0.5, "own_a": 0.5, "self_b": 0.45, "own_b": 0.45, "rest": 0.05}, (0.45, 0.5, 0.0), "additive"),
+    # one direction as two latents, half of it each: (a + b)^2 = a^2 + b^2 + 2ab, rank one, whatever the keeps
+    ({"self_a": 0.25, "own_a": 0.25, "self_b": 0.25, "own_b": 0.25, "cross": 0.5}, (0.1, 0.1, 0.0), "square"),
+    ({"self_a": 0.36, "own_a": 0.36, "self_b": 0.16, "own_b": 0.16, "cross": 0.48}, (0.3, 0.5, 0.0), "square"),
+    # one input squared, a bystander that overlaps its direction a little: rank one, but not half a concept
+    ({"self_a": 0.81, "own_a": 0.81, "self_b": 0.01, "own_b": 0.01, "cross": 0.18}, (0.03, 0.9, 0.0), "one-sided"),
+    # two groups that each carry part of one squared direction, their parts unrelated token by token: the square
+    # of a sum (semidefinite), not an AND, though the cross term is large and the own terms small
+    ({"self_a": 0.5, "own_a": 0.1, "self_b": 0.5, "own_b": 0.1, "cross": 0.55, "rest": 0.25}, (0.4, 0.4, 0.1),
+     "threshold"),
+])
+def test_types_on_the_form(parts, keeps_, expected):
+    assert _types_of(parts, keeps_) == expected
+
+
+def test_layer_shares_are_the_closed_form_of_the_pre_activations_over_the_output():
+    shares = layer_shares([3.0], [1.0], [2.0], [0.5], [-1.0])  # pre_none, pre_a, pre_b, pre_ab, constant
+    # t11 = 4, t01 = 2 (A removed), t10 = 3 (B removed), t00 = 1.5
+    assert shares["layer_own_a_share"][0] == pytest.approx((3 - 1.5) / 4)
+    assert shares["layer_own_b_share"][0] == pytest.approx((2 - 1.5) / 4)
+    assert shares["layer_cross_share"][0] == pytest.approx((4 - 3 - 2 + 1.5) / 4)
+    assert sum(v[0] for v in shares.values()) == pytest.approx(1.0)
+    assert np.isnan(layer_shares([1.0], [1.0], [1.0], [1.0], [2.0])["layer_cross_share"][0])  # nothing to share

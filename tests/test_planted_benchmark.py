@@ -1,8 +1,9 @@
 """The planted-circuit benchmark, small (`benchmarks/bench_planted_circuits.py` runs it in
 full): a one-layer bilinear LM with known ANDs between input groups and pairs, an OR, an
 XOR, split concepts and confounders (an additive output of two inputs that nearly always
-co-occur, a one-sided output with a co-occurring bystander, an inhibition) in superposition
-with distractors, through the circuits, features and verdicts code paths."""
+co-occur, a one-sided output with a co-occurring bystander, an inhibition, a threshold AND
+the output SAE's cut-off makes, a square of one direction written as two latents) in
+superposition with distractors, through the circuits, features and verdicts code paths."""
 
 from __future__ import annotations
 
@@ -71,13 +72,36 @@ def test_the_gate_types_of_the_planted_outputs(found):
     confounders = frame.set_index("planted")["gate_type"]
     assert confounders["additive"] == "additive" and confounders["one-sided"] == "one-sided"
     assert confounders["inhibition"] == "inhibition"
+    # each side necessary only through the output SAE's cut-off, while the layer adds them
+    assert confounders["threshold AND"] == "threshold" and confounders["square"] == "square"
+    assert (frame.loc[frame["kind"] == "and", "gate_type"] == "and").all()
+
+
+def test_the_confounders_fool_the_activations_but_not_the_layers_form(found):
+    # removing either side drops each confounder's activation (the output SAE's cut-off): the activations alone
+    # would call both an AND; the pre-activation's form says the layer adds two squares, or squares one direction
+    world, tables, frame, summary = found
+    pairs = tables["pair_gates"]
+
+    def planted(g):
+        a, b = sorted((g.side_a[0], g.side_b[0]))
+        (row,) = pairs[(pairs["out_feature"] == g.output) & (pairs["in_a"] == a) & (pairs["in_b"] == b)].to_dict("records")
+        return row
+
+    for name in ("threshold AND", "square"):
+        row = planted(next(g for g in world.gates if g.name == name))
+        assert max(row["keep_a"], row["keep_b"]) <= 0.5 and row["synergy"] >= 0.25, name
+        assert row["cross_share"] < 0.5 if name == "threshold AND" else abs(row["square_fit"] - 1) < 0.05, name
+    for g in (g for g in world.gates if g.kind == "and" and len(g.side_a) == 1):
+        row = planted(g)
+        assert row["cross_share"] >= 0.8 and abs(row["own_a_share"]) < 0.1 and abs(row["own_b_share"]) < 0.1
 
 
 def test_split_concepts_are_flagged_and_never_ranked_as_gates(found):
     world, tables, frame, summary = found
     assert summary["pairs: no split concept among the top 4 as a gate"]
     assert summary["groups: no split concept among the top 8 as a gate"]
-    splits = frame[frame["kind"] == "split"]
+    splits = frame[frame["kind"].isin(["split", "square"])]
     assert splits["pair found"].str.endswith("(split)").all()
     n = len(frame) + len([g for g in world.gates if g.kind == "distractor"])
     assert (splits["pair rank"] > n - len(splits) - 1).all()  # after every other output's candidate

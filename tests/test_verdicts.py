@@ -77,11 +77,16 @@ def test_circuit_rank_puts_split_pairs_after_every_other_candidate():
     assert ranked["same_top_token"].tolist() == [True, False, False, True, True, False, False]
 
 
-def ablation_rows(keys: dict, drop_a: float, drop_b: float) -> list[dict]:
+def ablation_rows(keys: dict, drop_a: float, drop_b: float, mlp_keep: tuple[float, float, float] | None = None,
+                  logprob_drop: tuple[float, float, float] = (0.5, 0.4, 0.6)) -> list[dict]:
+    """gate_ablation rows: the activation's drops, and what the MLP output along the feature
+    keeps (`mlp_keep`, a, b, both; by default what the activation keeps), over a constant of -1."""
+    mlp_keep = mlp_keep or (1 - drop_a, 1 - drop_b, 0.0)
     return [{**KEYS, **keys, "ablated": ablated, "n_tokens": 50, "activation_before": 2.0,
-             "activation_after": 2.0 * (1 - drop), "share_a": 0.4, "share_b": 0.3, "share_other": 0.2,
-             "share_bias": 0.05, "share_error": 0.05}
-            for ablated, drop in (("a", drop_a), ("b", drop_b), ("both", 1.0))]
+             "activation_after": 2.0 * (1 - drop), "pre_before": 3.0, "pre_after": -1.0 + 4.0 * keep,
+             "pre_constant": -1.0, "logprob_before": -2.0, "logprob_after": -2.0 - lp,
+             "share_a": 0.4, "share_b": 0.3, "share_other": 0.2, "share_bias": 0.05, "share_error": 0.05}
+            for ablated, drop, keep, lp in zip(("a", "b", "both"), (drop_a, drop_b, 1.0), mlp_keep, logprob_drop)]
 
 
 def verdict_of(pairs, ablation, labels=None, boost=None, cfg=CFG, tags=(NEGATION_GATE,), chosen=frozenset()
@@ -99,6 +104,27 @@ def test_a_clean_and_is_called_an_and():
     assert v["drop_a"] == pytest.approx(0.9) and v["drop_both"] == pytest.approx(1.0)
     assert v["share_a"] == pytest.approx(0.4) and v["ablation_tokens"] == 50
     assert v["members_a"] == [1] and v["members_b"] == [6] and "negation cue" in v["a_description"]
+
+
+def test_the_model_run_confirms_an_and_by_the_mlp_output_not_the_sae_activation():
+    keys = {"out_feature": 7, "in_a": 1, "in_b": 6}
+    # the activation drops 90% and 80% (the SAE's cut-off), but the MLP output along the feature keeps 70% and 60%
+    v = verdict_of([gate(7, 1, 6, 0.3, gate_type="and")], ablation_rows(keys, 0.9, 0.8, (0.7, 0.6, 0.2)))
+    assert not v["is_and"] and "not confirmed" in v["verdict"] and "70% of the MLP output" in v["verdict"]
+    assert v["mlp_keep_a"] == pytest.approx(0.7) and v["mlp_keep_both"] == pytest.approx(0.2)
+    assert v["sae_confirms"] and not v["mlp_confirms"] and v["mlp_disagrees"]
+    # the boosted tokens' log-probability: removing both lowers it by 0.6, a alone 0.5, b alone 0.4 (>= half)
+    assert v["logprob_drop_b"] == pytest.approx(0.4) and v["logprob_confirms"] and not v["logprob_disagrees"]
+    # the MLP output keeps 30% and 20%: confirmed; a side whose removal moves the log-probability little disagrees
+    v = verdict_of([gate(7, 1, 6, 0.3, gate_type="and")],
+                   ablation_rows(keys, 0.9, 0.8, (0.3, 0.2, 0.0), logprob_drop=(0.5, 0.1, 0.6)))
+    assert v["is_and"] and v["mlp_confirms"] and not v["mlp_disagrees"]
+    assert not v["logprob_confirms"] and v["logprob_disagrees"]
+
+
+def test_a_candidate_not_ablated_has_no_confirmation_columns():
+    v = verdict_of([gate(7, 1, 6, 0.3, gate_type="and")], [])
+    assert all(pd.isna(v[c]) for c in ("sae_confirms", "mlp_confirms", "logprob_confirms", "mlp_disagrees"))
 
 
 @pytest.mark.parametrize("change, reason", [
@@ -217,9 +243,10 @@ def test_candidates_rank_by_their_causal_bound_not_their_estimate():
 
 
 def test_a_sure_and_ranks_before_an_and_that_may_be_its_samples_luck():
-    # output 1's and has the higher bound, but with its keeps raised by their errors it is no longer an and
+    # output 1's activation-level and has the higher bound, but with its keeps raised by their errors it is no
+    # longer one
     gates = pd.DataFrame({"out_feature": [1, 2], "group_a": [0, 1], "group_b": [2, 3], "causal_bound": [0.4, 0.2],
-                          "gate_type": ["and", "and"], "sure_and": [False, True], "and_data": 0.9})
+                          "gate_type": ["threshold", "threshold"], "sure_and": [False, True], "and_data": 0.9})
     ranked = rank(gates, np.zeros(2, dtype=bool), ["group_a", "group_b"], CFG)
     assert ranked["circuit_rank"].tolist() == [2, 1]
 
@@ -278,7 +305,7 @@ def test_the_printed_group_gate_names_its_pruned_sides_as_plain_numbers(capsys):
 
     row = dict(layer=0, kind="group", circuit_rank=1, out_feature=336, in_a=None, in_b=None,
                members_a=np.array([3, 116, 29]), members_b=np.array([249, 59]), necessary_a=np.array([116]),
-               necessary_b=np.array([249]), label_a="context=positive", label_b="negation", gate_type="and",
+               necessary_b=np.array([249]), label_a="context=positive", label_b="negation", gate_type="and", cross_share=0.6,
                causal_score=0.7, causal_bound=0.6, keep_a=0.2, keep_b=0.1, keep_ab=0.1, synergy=0.9, gate_score=0.0, split_pair=False,
                drop_a=np.nan, drop_b=np.nan, drop_both=np.nan, verdict="v", share_a=np.nan, out_description="",
                a_description="", b_description="", is_and=False, negation_gate=False)

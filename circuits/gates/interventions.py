@@ -29,6 +29,14 @@ so the TopK selection is the one a full evaluation makes (a test checks it). The
 cancel where the pair carries most of the residual, and the new norm's factor then magnifies
 their rounding: rows whose factor grows more than `EXACT_GROWTH`-fold are evaluated whole.
 
+The pre-activation's exact parts (`LayerIntervention.form_parts`). With the norm's factor
+frozen at the clean token's, `pre - bias = rho^2 u(y)`, and `y = a + b + r` (side A's part,
+side B's, and the rest of the input, the other latents, `b_dec` and the SAE's error) splits
+`u(y)` into `u(a)` and `u(b)` (the self terms), `2 a^T Q b` (the cross term), `2 a^T Q r` and
+`2 b^T Q r` (each side's products with the rest) and `u(r)`, each a dot product of the
+hidden units' products with f's read-out `W_out W_enc[:, f]`: the parts the gate types read
+(`circuits.gates.types`), summed per candidate beside the truth table.
+
 Per candidate four means over its tokens make its *intervention truth table*: `f` with both
 sides present (t11), `f_a` with A removed (t01: only B left), `f_b` with B removed (t10), and
 `f_ab` with both removed (t00); `circuits.gates.types` reads gates off it.
@@ -43,6 +51,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from circuits.gates.types import FORM_PARTS
 from circuits.sites import RESID_MID, check_input_site, input_gain
 from circuits.weights import MLPWeights, SAEWeights
 
@@ -106,7 +115,9 @@ class LayerIntervention:
         self.taken = torch.cat(taken + ([W_dec] if site == RESID_MID else []), 1)  # [n_in, 2 d_mlp (+ d)]
         # the biases after the product, through W_out and the encoder: pre = ((h W_out) * rho^2) W_enc + bias
         self.bias = sae_out.pre(mlp.b_in @ mlp.W_out + mlp.b_out)  # [n_out]
+        self.read = (mlp.W_out @ sae_out.W_enc).T.contiguous()  # [n_out, d_mlp]: each output's read of the hidden units
         self._buffers = ()  # both_of_pairs' work space, grown as needed
+        self._form_buffers = ()  # form_parts' work space, grown as needed
 
     def project(self, source: torch.Tensor) -> torch.Tensor:
         """`[U, 2 d_mlp (+ d)]`: `y W_gate`, `y W_in` (`y = g * source`, before the norm's
@@ -153,6 +164,44 @@ class LayerIntervention:
         if out is None:
             return pre, (scale if factor else None)
         return pre[torch.arange(N, device=out.device), out], self.sae_out.encode_at(pre, out)
+
+    @torch.no_grad()
+    def form_parts(self, projected: torch.Tensor, token: torch.Tensor, out: torch.Tensor, members_a: torch.Tensor,
+                   coef_a: torch.Tensor, members_b: torch.Tensor, coef_b: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The exact parts of f's pre-activation less `bias[f]` with the norm's factor frozen
+        (module docstring), `[N]` each: `self_a`, `self_b`, `cross`, `own_a` (self plus the
+        products with the rest), `own_b`, `rest`; `own_a + own_b + cross + rest` is the clean
+        pre-activation less the bias. `projected [U, 2 d_mlp (+ d)]`: `project` of U tokens,
+        `token [N]` each row's among them; `out [N]`: the output; `members_a [N, Ma]`,
+        `members_b [N, Mb]` (-1 padding) and their latents there `coef_a, coef_b`."""
+        d_mlp, N = self.mlp.W_gate.shape[1], len(token)
+        # the inputs a, b and the whole y = a + b + r side by side [N, 3, 2 d_mlp], and their `x W_in` times
+        # f's read-out, in buffers kept between calls: tens of MB at the demo's chunks, faulted in page by
+        # page when fresh (as in both_of_pairs)
+        if not self._form_buffers or self._form_buffers[0].shape[0] < N:
+            self._form_buffers = (projected.new_empty(N, 3, 2 * d_mlp), projected.new_empty(N, 3, d_mlp),
+                                  projected.new_empty(N, d_mlp))
+        inputs, weighted, read = (buffer[:N] for buffer in self._form_buffers)
+        inputs[:, :2].zero_()
+        for slot, (members, coef) in enumerate(((members_a, coef_a), (members_b, coef_b))):
+            entry, member, c = side_removal(coef, members)
+            inputs[:, slot].index_add_(0, entry, self.taken.index_select(0, member)[:, : 2 * d_mlp]
+                                       * c[:, None].to(self.taken.dtype))
+        torch.index_select(projected[:, : 2 * d_mlp], 0, token, out=inputs[:, 2])
+        torch.index_select(self.read, 0, out, out=read)
+        scale = self.factor(projected[:, 2 * d_mlp :].index_select(0, token))
+        torch.mul(inputs[:, :, d_mlp:], (read * scale[:, None])[:, None, :], out=weighted)
+        # every product p_gate . (q_in * read) of a, b and y in one batched product [N, 3, 3]: nine row dot
+        # products one by one cost several times more (a pass over memory each)
+        dots = torch.bmm(inputs[:, :, :d_mlp], weighted.transpose(1, 2))
+        dot = lambda p, q: dots[:, p, q]  # noqa: E731
+        A, B, Y = 0, 1, 2
+        self_a, self_b, cross = dot(A, A), dot(B, B), dot(A, B) + dot(B, A)
+        # bilinearity gives the products with the rest from those with y: own_a = self_a + 2 a^T Q r, r = y - a - b
+        own_a = dot(A, Y) + dot(Y, A) - self_a - cross
+        own_b = dot(B, Y) + dot(Y, B) - self_b - cross
+        rest = dot(Y, Y) - own_a - own_b - cross
+        return {"self_a": self_a, "self_b": self_b, "cross": cross, "own_a": own_a, "own_b": own_b, "rest": rest}
 
     @torch.no_grad()
     def pair_cross(self, a: torch.Tensor, b: torch.Tensor, block: int = 4096) -> torch.Tensor:
@@ -347,7 +396,9 @@ def side_removal(coef: torch.Tensor, members: torch.Tensor) -> tuple[torch.Tenso
 def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.Tensor, sides: Sides,
                        entries: Entries, chunk: int = 4096, per_entry: bool = False) -> dict[str, torch.Tensor]:
     """Per candidate `[C]`: `n_tokens` and the means of f's pre-activation and activation over
-    its entries with nothing, A, B and both removed (`pre_none`, `act_a`, ... `REMOVALS`), and
+    its entries with nothing, A, B and both removed (`pre_none`, `act_a`, ... `REMOVALS`),
+    `pre_constant` (f's bias, `LayerIntervention.bias`), the means of the pre-activation's
+    exact parts (`form_self_a`, ... `circuits.gates.types.FORM_PARTS`, `form_parts`), and
     `act_second [C, 4, 4]`, the mean products of the four activations (in `REMOVALS` order;
     what the keeps' standard errors need, `circuits.gates.types.keep_errors`); with
     `per_entry`, also `entry_act [E, 4]`, the four activations at each entry, in the
@@ -357,6 +408,7 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
     device = source.device
     sums = {f"{kind}_{r}": torch.zeros(C, dtype=torch.float64, device=device) for kind in ("pre", "act")
             for r in REMOVALS}
+    sums.update({f"form_{p}": torch.zeros(C, dtype=torch.float64, device=device) for p in FORM_PARTS})
     second = torch.zeros(C, len(REMOVALS) ** 2, dtype=torch.float64, device=device)
     latents = latent_lookup(z)
     # pairs (one latent a side, no padding): both sides' removal derived, not evaluated
@@ -398,6 +450,9 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
                 done[name] = pre[rows], act[rows]
                 if pairs:
                     single[name] = (full[0], full[1], full[2][rows])
+        parts = layer.form_parts(projected, token_of, out, a, coef_a, b, coef_b)
+        for p in FORM_PARTS:
+            sums[f"form_{p}"].index_add_(0, cand, parts[p].double())
         acts = []
         for r in REMOVALS:
             pre, act = done[r]
@@ -412,6 +467,7 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
     n = torch.bincount(entries.cand, minlength=C).double()
     per = torch.where(n > 0, 1 / n.clamp_min(1), torch.full_like(n, float("nan")))  # no tokens: NaN means
     found = {"n_tokens": n, **{k: v * per for k, v in sums.items()},
+             "pre_constant": layer.bias.index_select(0, sides.out).double() + 0 * per,  # NaN without tokens
              "act_second": (second * per[:, None]).view(C, len(REMOVALS), len(REMOVALS))}
     if per_entry:
         found["entry_act"] = torch.cat(each) if each else source.new_zeros(0, len(REMOVALS))

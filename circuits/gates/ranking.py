@@ -19,20 +19,27 @@ agree:
   more than chance allows (`coactivation_lift >= split_lift`) and either share a token among
   their top-activating contexts' tokens or have near-parallel MLP-input directions
   (`input_cosine >= split_cosine`);
-- interventions: the two stand in for each other, or at least are not each necessary: the
-  candidate's `gate_type` is not `and`. An untested candidate is judged on the evidence alone.
+- interventions: the candidate's `gate_type` is not a bilinear `and` (`circuits.gates.types`,
+  read on the layer's pre-activation). An untested candidate is judged on the evidence alone.
+
+The layer's own form decides alone when it says one concept: a `square` (the 2x2 form on the
+two sides nearly rank one, one direction written as two latents) is split whatever the
+evidence and the activations say. Removing either half of a square drops the output under the
+output SAE's cut-off, so the activations alone would read it as an AND.
 
 A group gate is split when split member pairs carry most of the cross terms between its
-groups (`split_share >= 0.5`, evidence as above per member pair), and its type is not `and`.
+groups (`split_share >= 0.5`, evidence as above per member pair), and its type is not `and`,
+or when it is a `square`.
 
-Ranking. Candidates are ordered by cause: every sure `and` (`circuits.gates.types`: each side
-necessary and the cross term carrying the output, beyond the sample's luck) that the data do
-not contradict before every other candidate, and within each by `causal_bound` (the causal
-score made pessimistic by its standard errors, `circuits.gates.types`). The data contradict
-an and when the output's truth table on held-out tokens says it fires about as strongly with
-one side off (`and_data` below its threshold): the interventions only see tokens where both
-sides are on, where inputs that merely interfere with the one the output reads can look
-necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs, or
+Ranking. Candidates are ordered by cause, in tiers (`tiers`): every bilinear `and` the data do
+not contradict; then every sure activation-level AND (`sure_and`: each side necessary to the
+activation and its cross term carrying the output, beyond the sample's luck; the `threshold`
+ands, where the output SAE's cut-off does the AND) the data do not contradict; then every
+other candidate. Within a tier by `causal_bound` (the causal score made pessimistic by its
+standard errors, `circuits.gates.types`). The data contradict an and when the output's truth
+table on held-out tokens says it fires about as strongly with one side off (`and_data` below
+its threshold): the interventions only see tokens where both sides are on, where inputs that
+merely interfere with the one the output reads can look necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs, or
 group gates), is its first in that order that is not split (its first split one when it has
 no other). `circuit_rank` ranks the circuit candidates of a layer in that order, and after
 them the split candidates that come before their output's circuit candidate, so that a reader
@@ -80,20 +87,31 @@ def split_evidence(same_token: np.ndarray, shared_token: np.ndarray, cosine: np.
 
 
 def is_split(evidence: np.ndarray, gate_type: np.ndarray) -> np.ndarray:
-    """Split when the evidence says so and the interventions do not show an AND."""
-    return np.asarray(evidence, dtype=bool) & (np.asarray(gate_type, dtype=object) != "and")
+    """Split when the type is `square`, or the evidence says so and the layer does not
+    compute a bilinear AND (module docstring)."""
+    gate_type = np.asarray(gate_type, dtype=object)
+    return (gate_type == "square") | (np.asarray(evidence, dtype=bool) & (gate_type != "and"))
 
 
-def circuit_ranks(out: np.ndarray, score: np.ndarray, ahead: np.ndarray, split: np.ndarray,
+def tiers(gate_type: np.ndarray, sure: np.ndarray, uncontradicted: np.ndarray) -> np.ndarray:
+    """`[n]` tier of each candidate (module docstring), the highest ranked first: 2 for a
+    bilinear `and`, 1 for a sure activation-level AND (`sure`), each where the data do not
+    contradict it (`uncontradicted`), else 0."""
+    gate_type, uncontradicted = np.asarray(gate_type, dtype=object), np.asarray(uncontradicted, dtype=bool)
+    tier = np.where(gate_type == "and", 2, np.where(np.asarray(sure, dtype=bool), 1, 0))
+    return np.where(uncontradicted, tier, 0)
+
+
+def circuit_ranks(out: np.ndarray, score: np.ndarray, tier: np.ndarray, split: np.ndarray,
                   tiebreak: np.ndarray) -> np.ndarray:
     """`circuit_rank` of every candidate of one layer and kind, 0 for those not ranked
-    (module docstring). `out, score, ahead, split [n]`: `ahead` marks the candidates ranked
-    before all others (the sure ands the data do not contradict); `tiebreak [n]` integer order
-    among equal scores (e.g. the input index), so ties rank the same way on every run."""
+    (module docstring). `out, score, tier, split [n]`: candidates of a higher `tier` (`tiers`;
+    a bool marks tier 1) rank before all of a lower one; `tiebreak [n]` integer order among
+    equal scores (e.g. the input index), so ties rank the same way on every run."""
     out, split, tiebreak = np.asarray(out), np.asarray(split, dtype=bool), np.asarray(tiebreak)
-    # one key: every candidate ahead above every other (scores lie in [0, 1])
+    # one key: every candidate of a tier above every one of a lower tier (scores lie in [0, 1])
     score = np.asarray(score, dtype=float)
-    key = np.nan_to_num(score, nan=-np.inf) + 2.0 * np.asarray(ahead, dtype=bool)
+    key = np.nan_to_num(score, nan=-np.inf) + 2.0 * np.asarray(tier, dtype=float)
     order = np.lexsort((tiebreak, -key, split, out))  # per output: unsplit first, best score first
     first = np.ones(len(order), dtype=bool)
     first[1:] = out[order][1:] != out[order][:-1]

@@ -8,20 +8,48 @@ removed. Any function of two binary inputs has the closed form
     c = t00,  alpha = t10 - t00 (A's own term),  beta = t01 - t00 (B's own term),
     gamma = t11 - t10 - t01 + t00 (the cross term).
 
-For a bilinear layer read as a quadratic form in the MLP input, before the norm's factor and
-the output SAE's selection, `gamma` is exactly the form's cross term `2 x_A^T Q x_B`: the
-constant and each side's own terms cancel (a test checks it). Scaled by `t11`, with
+Read on the output's pre-activation with the norm's factor frozen, before the output SAE's
+selection, `gamma` is exactly the quadratic form's cross term `2 x_A^T Q x_B`, `alpha` and
+`beta` each side's own terms and `c` the constant and the rest (a test checks it). Read on
+the activations, scaled by `t11`, with
 `keep_a = t01 / t11`, `keep_b = t10 / t11`, `keep_ab = t00 / t11` (the share of f kept when
 the side leaves), `synergy = gamma / t11 = 1 - keep_a - keep_b + keep_ab`.
 
-The type, first rule that holds (thresholds of `GateThresholds`):
+The type is read first on the layer's own computation, then on the activations. The output's
+pre-activation on a candidate's tokens splits exactly (`circuits.gates.interventions`,
+`LayerIntervention.form_parts`; the norm's factor frozen at the clean token's) into the
+constant (the biases through the output SAE's encoder), side A's own terms (its self term
+`x_A^T Q x_A` and its products with the rest of the input, `b_dec` included), B's own terms,
+the cross term `2 x_A^T Q x_B`, and the rest. `form_shares` scales them by the pre-activation
+less its constant. The first rule that holds (thresholds of `GateThresholds`):
+
+- `square`: the two sides are one direction written twice (a concept the SAE split over two
+  latents): their 2x2 form is nearly rank one, the cross term within `square` of
+  `2 sqrt(self_a self_b)` and of their sign (`square_fit` in `[square, 1 / square]`), it
+  carries at least `bilinear_cross` of the pre-activation, and each side carries at least
+  `matter` of the direction's value (`square_part`: the square root of its self term over the
+  sum of both sides'). Any two inputs of an output that squares one direction have a rank-one
+  form; an input that merely overlaps the direction (a bystander in superposition) is not
+  half of a concept. Split whatever the activations say;
+- `and`, the bilinear AND: the cross term carries at least `bilinear_cross` of the
+  pre-activation, each side's own terms add at most `bilinear_own` of it (own terms that
+  lower the output leave the side no less necessary), and the 2x2 form on the sides is
+  indefinite beyond the square's band (`|square_fit| > 1 / square`, or self terms of two
+  signs): the paper's strong positive interaction, negligible self-interactions and
+  opposite-sign eigenvalue pair, read on the tokens where the gate works. Two groups that
+  each carry part of one squared direction have a large cross term too, but their form is
+  semidefinite (`|square_fit| <= 1`): the square of a sum, not an AND;
+
+then on the activations, after the output SAE's selection:
 
 - `xor-like`: removing either side raises f (`keep_a, keep_b >= 1 + rise`): each side
   suppresses f when the other is on;
 - `inhibition`: removing one side raises f (`keep >= 1 + rise` on one side);
-- `and`: each side is necessary (`keep_a, keep_b <= need`) and the cross term carries at
-  least `cross` of f (`synergy >= cross`; an equal-weight sum of two inputs keeps half of f
-  when either leaves, with no cross term);
+- `threshold`, the threshold AND: each side is necessary to the activation (`keep_a, keep_b
+  <= need`) and the activation's cross term carries at least `cross` of f (`synergy >=
+  cross`), while the layer does not make it a bilinear `and` (the rule above failed): the
+  sides add in the pre-activation, and the output SAE's TopK or bias cut-off makes each
+  necessary. The SAE does the AND, the layer does not;
 - `or`: each side alone suffices and f needs one of them (`keep_a, keep_b >= suffice`,
   `keep_ab <= need`): own terms of both sides, `synergy` near -1;
 - `neither`: neither side matters (`keep_a, keep_b > 1 - matter`);
@@ -32,6 +60,21 @@ The type, first rule that holds (thresholds of `GateThresholds`):
   barely matters beside the other but alone gives most of f is masked, not a bystander;
 - `additive`: both sides matter, neither necessary nor each sufficient: own terms of both,
   their interaction in `synergy`.
+
+Without the form's shares (`gate_types(..., form=None)`) only the activation rules apply, and
+the activation-level AND is `threshold`.
+
+Why these thresholds (`pipelines.analysis.verdicts.VerdictConfig` holds them). With negligible
+own terms, removing either side of a bilinear AND takes its cross term: `bilinear_cross` =
+0.5 makes each side necessary in the pre-activation by the same `need` (half) the activation
+rule asks, before any cut-off. `bilinear_own` = 0.2 is the `matter` size: a side alone moves
+the pre-activation less than what counts as mattering. The planted world's bilinear ANDs carry
+nearly all their pre-activation in the cross term and none in own terms; its threshold AND
+(two squares added) carries none in the cross term and half in each side's own terms; its
+square carries half in the cross term and a quarter in each self term, exactly rank one. The
+`square` tolerance 0.8 lets the magnitudes of the two latents vary apart (two independent
+uniform magnitudes give a fit of about 0.96) while the paper's AND, whose self terms vanish, has a
+fit far above 1 and an XOR's difference of two inputs a negative one.
 
 `untested` marks a candidate without tokens (or with `t11 <= 0`; the verdicts stage also
 marks one tested on too few tokens). The causal score,
@@ -45,7 +88,8 @@ residual `u = y - R f = (w - R e_f) . v` (mean 0 by construction), so the mean p
 are all it needs. Ranked by its estimate, the best of many candidates is partly the luckiest
 (a keep of 0.45 on 64 tokens can be 0.55 on the next 64); the *causal bound* is the causal
 score with each keep raised and the synergy lowered by `z` standard errors, and
-`circuits.gates.ranking` ranks every sure `and` (below) first, then by it.
+`circuits.gates.ranking` ranks every bilinear `and` first, then every sure activation-level
+AND (below, a `threshold` the sample's luck does not explain), each by it.
 
 On few tokens the error is itself a guess, and it can be 0: where removing either side takes
 f to exactly 0 on each of 20 tokens (the output SAE's TopK drops it), the keeps are 0 with no
@@ -60,9 +104,10 @@ with its evidence. The types and the reported keeps stay those of the sample alo
 An `and` whose keeps sit just under `need` on its sample is, among many, partly the luckiest,
 and lands just over it on other tokens often enough (three of a seed-0 demo model's best
 group gates kept 44%, 48% and 50% of f on their ranking tokens, 52%, 55% and 50% in the model
-run on its confirmation tokens). The candidates that rank first are the *sure* ands: those
-whose bound's values, each keep raised and the synergy lowered by `z` standard errors, still
-pass the `and` rule (`ranking_terms`).
+run on its confirmation tokens). The activation-level ANDs that rank before the other
+non-bilinear candidates are the *sure* ones (`sure_and`): those whose bound's values, each
+keep raised and the synergy lowered by `z` standard errors, still pass the activation-level
+AND rule (`ranking_terms`).
 """
 
 from __future__ import annotations
@@ -71,7 +116,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GATE_TYPES = ("and", "or", "additive", "one-sided", "inhibition", "xor-like", "neither", "untested")
+GATE_TYPES = ("and", "threshold", "square", "or", "additive", "one-sided", "inhibition", "xor-like", "neither",
+              "untested")
+# the form's parts (`LayerIntervention.form_parts`), means over a candidate's tokens: they add up to the
+# pre-activation less its constant
+FORM_PARTS = ("self_a", "self_b", "own_a", "own_b", "cross", "rest")
 
 
 @dataclass(frozen=True)
@@ -79,10 +128,49 @@ class GateThresholds:
     """The type rule's thresholds (module docstring)."""
 
     need: float  # a side is necessary when removing it keeps at most this share of f
-    cross: float  # an and's cross term carries at least this share of f (its synergy)
+    cross: float  # an activation-level and's cross term carries at least this share of f (its synergy)
     suffice: float  # a side alone suffices when removing the other keeps at least this share
     matter: float  # a side matters when removing it takes away at least this share
     rise: float  # removing a side inhibits when f rises by at least this share
+    bilinear_cross: float = 0.5  # a bilinear and's cross term carries at least this share of the pre-activation
+    bilinear_own: float = 0.2  # ... and each side's own terms add at most this share
+    square: float = 0.8  # a square's cross term is within this factor of 2 sqrt(self_a self_b)
+
+
+def form_shares(pre_none, constant, parts: dict) -> dict[str, np.ndarray]:
+    """`cross_share`, `own_a_share`, `own_b_share`, `rest_share` (the form's parts over the
+    pre-activation less its constant, `pre_none - constant`), `square_share` (the 2x2 form on
+    the sides, `self_a + self_b + cross`, over the same), `square_fit` (`cross / (2
+    sqrt(self_a self_b))` signed by the self terms; NaN unless both have one sign) and
+    `square_part` (the smaller side's part of the direction a square reads, `sqrt|self|` of
+    it over the sum of both sides'), each `[n]`,
+    from `pre_none, constant [n]` and `parts` (`FORM_PARTS`, each `[n]`). NaN where the
+    pre-activation less its constant is not positive: no share of nothing."""
+    total = np.asarray(pre_none, dtype=float) - np.asarray(constant, dtype=float)
+    scale = np.where(total > 0, total, np.nan)
+    part = {k: np.asarray(parts[k], dtype=float) for k in FORM_PARTS}
+    same = part["self_a"] * part["self_b"] > 0
+    root = np.sign(part["self_a"]) * np.sqrt(np.where(same, part["self_a"] * part["self_b"], np.nan))
+    along = np.sqrt(np.abs(np.stack([part["self_a"], part["self_b"]])))  # each side's value along the direction
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {"cross_share": part["cross"] / scale, "own_a_share": part["own_a"] / scale,
+                "own_b_share": part["own_b"] / scale, "rest_share": part["rest"] / scale,
+                "square_share": (part["self_a"] + part["self_b"] + part["cross"]) / scale,
+                "square_fit": part["cross"] / (2 * root), "square_part": along.min(0) / along.sum(0)}
+
+
+def layer_shares(pre_none, pre_a, pre_b, pre_ab, constant) -> dict[str, np.ndarray]:
+    """The closed form of the pre-activation as the layer computes it (the norm's factor
+    recomputed with each removal): `layer_cross_share`, `layer_own_a_share`,
+    `layer_own_b_share`, `layer_rest_share`, over `pre_none - constant` (NaN where not
+    positive), each `[n]`. They add up to 1; only the frozen form's parts are the quadratic
+    form's own terms (`form_shares`)."""
+    c = np.asarray(constant, dtype=float)
+    t11, t01, t10, t00 = (np.asarray(t, dtype=float) - c for t in (pre_none, pre_a, pre_b, pre_ab))
+    form = closed_form(t11, t10, t01, t00)
+    scale = np.where(t11 > 0, t11, np.nan)
+    return {"layer_cross_share": form["cross"] / scale, "layer_own_a_share": form["own_a"] / scale,
+            "layer_own_b_share": form["own_b"] / scale, "layer_rest_share": form["constant"] / scale}
 
 
 def closed_form(t11, t10, t01, t00) -> dict[str, np.ndarray]:
@@ -102,16 +190,29 @@ def keeps(t11, t10, t01, t00) -> dict[str, np.ndarray]:
     return keep
 
 
-def gate_types(keep_a, keep_b, keep_ab, limits: GateThresholds) -> np.ndarray:
-    """The type of each candidate (module docstring) from `keep_a, keep_b, keep_ab [n]`."""
+def gate_types(keep_a, keep_b, keep_ab, limits: GateThresholds, form: dict | None = None) -> np.ndarray:
+    """The type of each candidate (module docstring) from `keep_a, keep_b, keep_ab [n]` and
+    the form's shares `form` (`form_shares`; None: the activation rules alone)."""
     a, b, ab = (np.asarray(k, dtype=float) for k in (keep_a, keep_b, keep_ab))
     low, high = np.minimum(a, b), np.maximum(a, b)
     matters = lambda k: k <= 1 - limits.matter  # noqa: E731
+    layer = []
+    if form is not None:
+        f = {k: np.asarray(v, dtype=float) for k, v in form.items()}
+        with np.errstate(invalid="ignore"):  # NaN shares satisfy no rule
+            square = ((f["square_fit"] >= limits.square) & (f["square_fit"] <= 1 / limits.square)
+                      & (np.abs(f["square_share"]) >= limits.bilinear_cross) & (f["square_part"] >= limits.matter))
+            # indefinite: an opposite-sign eigenvalue pair on the sides (|fit| > 1, or self terms of two signs)
+            indefinite = ~(np.abs(f["square_fit"]) <= 1 / limits.square)
+            bilinear = ((f["cross_share"] >= limits.bilinear_cross) & (f["own_a_share"] <= limits.bilinear_own)
+                        & (f["own_b_share"] <= limits.bilinear_own) & indefinite)
+        layer = [(square, "square"), (bilinear, "and")]
     rules = [
         (~np.isfinite(a) | ~np.isfinite(b) | ~np.isfinite(ab), "untested"),
+        *layer,
         (low >= 1 + limits.rise, "xor-like"),
         (high >= 1 + limits.rise, "inhibition"),
-        ((high <= limits.need) & (a + b - ab <= 1 - limits.cross), "and"),
+        ((high <= limits.need) & (a + b - ab <= 1 - limits.cross), "threshold"),
         ((low >= limits.suffice) & (ab <= limits.need), "or"),
         (~matters(low), "neither"),
         (~matters(high) & (np.abs(low - ab) < limits.matter), "one-sided"),

@@ -11,7 +11,10 @@ pass of each row, cut after its last sampled token (the only positions read), ke
 later blocks' attention keys and values; an ablated (candidate, row) is the clean row up to
 its first sampled token, so its pass resumes there (`circuits.forward.resume`), many at once. Measured: f's pre-activation and activation at
 the layer (output SAE on the new mlp_out) and the mean next-token log-probability of f's
-boosted tokens, before and after. Every sampled token of a row is ablated in one pass, so a
+boosted tokens, before and after. The pre-activation less `pre_constant` (the MLP's biases
+through the encoder) is the MLP's output along f's encoder direction, with no TopK: what the
+layer computes, which the verdicts compare with what the SAE's activation says
+(`pipelines.analysis.verdicts.confirmations`). Every sampled token of a row is ablated in one pass, so a
 later token's log-probability also feels the earlier ablations through attention (its
 activation, read at the layer itself, does not).
 
@@ -85,6 +88,7 @@ def confirm(model, cache: LayerCache, saes: LayerSAEs, mlp: MLPWeights, sides: S
             records.append({**keys[c], "ablated": ablated, "n_tokens": n,
                             "activation_before": mean(before["act"]), "activation_after": mean(after["act"]),
                             "pre_before": mean(before["pre"]), "pre_after": mean(after["pre"]),
+                            "pre_constant": float(local.bias[int(sides.out[c])]),
                             "pre_change_predicted": mean(after["pre_local"] - before["pre"]),
                             "activation_local": mean(after["act_local"]),
                             "logprob_before": mean(before["logprob"]), "logprob_after": mean(after["logprob"]),

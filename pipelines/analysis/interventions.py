@@ -22,14 +22,18 @@ from tqdm.auto import tqdm
 from circuits import forward
 from circuits.gates.interventions import (REMOVALS, Entries, LayerIntervention, Sides, bit_words, candidate_tokens,
                                           intervention_table, member_effects)
-from circuits.gates.types import GateThresholds, causal_score, gate_types, keep_errors, keeps, ranking_terms
+from circuits.gates.types import (FORM_PARTS, GateThresholds, causal_score, form_shares, gate_types, keep_errors, keeps,
+                                  layer_shares, ranking_terms)
 from circuits.layer import LayerBatch
 from circuits.sae_basis import token_scale
 from circuits.sites import MLP_OUT
 from pipelines.data.tokens import TokenRows
 from pipelines.inputs import LayerSAEs
 
-IV_COLUMNS = ["iv_tokens", *(f"act_{r}" for r in REMOVALS), *(f"pre_{r}" for r in REMOVALS),
+FORM_COLUMNS = ["pre_constant", *(f"form_{p}" for p in FORM_PARTS), "cross_share", "own_a_share", "own_b_share",
+                "rest_share", "square_share", "square_fit", "square_part", "layer_cross_share", "layer_own_a_share",
+                "layer_own_b_share", "layer_rest_share"]
+IV_COLUMNS = ["iv_tokens", *(f"act_{r}" for r in REMOVALS), *(f"pre_{r}" for r in REMOVALS), *FORM_COLUMNS,
               "keep_a", "keep_b", "keep_ab", "synergy", "keep_a_se", "keep_b_se", "synergy_se", "causal_score",
               "causal_bound", "sure_and", "gate_type"]
 
@@ -162,7 +166,8 @@ def _stacked(blocks: list[torch.Tensor]) -> torch.Tensor:
 
 def thresholds(cfg) -> GateThresholds:
     """The type rule's thresholds from a `VerdictConfig`."""
-    return GateThresholds(need=cfg.need, cross=cfg.cross, suffice=cfg.suffice, matter=cfg.matter, rise=cfg.rise)
+    return GateThresholds(need=cfg.need, cross=cfg.cross, suffice=cfg.suffice, matter=cfg.matter, rise=cfg.rise,
+                          bilinear_cross=cfg.bilinear_cross, bilinear_own=cfg.bilinear_own, square=cfg.square)
 
 
 def ranking_entries(cache: LayerCache, sides: Sides, cfg) -> Entries:
@@ -225,15 +230,18 @@ def retested(layer: LayerIntervention, cache: LayerCache, frame: pd.DataFrame, s
 
 
 def typed(frame: pd.DataFrame, second: np.ndarray, cfg) -> dict[str, np.ndarray]:
-    """`keep_*`, `synergy`, their standard errors, `causal_score`, `causal_bound`, `sure_and`
-    and `gate_type` from the `act_*` columns and the activations' mean products `second [C, 4, 4]`."""
+    """The form's shares (`form_shares`, `layer_shares`), `keep_*`, `synergy`, their standard
+    errors, `causal_score`, `causal_bound`, `sure_and` and `gate_type` from the `pre_*`,
+    `form_*` and `act_*` columns and the activations' mean products `second [C, 4, 4]`."""
     k = keeps(frame["act_none"], frame["act_b"], frame["act_a"], frame["act_ab"])
     n, mean = frame["iv_tokens"].to_numpy(), frame[[f"act_{r}" for r in REMOVALS]].to_numpy()
     errors = keep_errors(n, mean, second)
-    return {**k, **{f"{name}_se": errors[name] for name in ("keep_a", "keep_b", "synergy")},
+    form = form_shares(frame["pre_none"], frame["pre_constant"], {p: frame[f"form_{p}"] for p in FORM_PARTS})
+    return {**form, **layer_shares(*(frame[f"pre_{r}"] for r in REMOVALS), frame["pre_constant"]),
+            **k, **{f"{name}_se": errors[name] for name in ("keep_a", "keep_b", "synergy")},
             "causal_score": causal_score(k["keep_a"], k["keep_b"], k["synergy"]),
             **ranking_terms(n, mean, second, cfg.rank_z, cfg.null_tokens, thresholds(cfg)),
-            "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg))}
+            "gate_type": gate_types(k["keep_a"], k["keep_b"], k["keep_ab"], thresholds(cfg), form)}
 
 
 def necessary_members(layer: LayerIntervention, cache: LayerCache, sides: Sides, entries: Entries, cfg,

@@ -31,8 +31,11 @@ bound; the `shortlist` best are tested again on up to `retest_tokens` and ranked
 Verdicts. The `n_ablate` best candidates of each kind per layer by `circuit_rank` (and the
 best of each kind that each of the corpus's gate tags marks) are ablated in the model on
 confirmation tokens the ranking never read (`pipelines.analysis.ablation`). A candidate
-*behaves as an AND gate* when its interventions type it `and` and the model run confirms
-it: removing either side alone keeps at most `need` of the output. The gate tags the
+*behaves as an AND gate* when its interventions type it a bilinear `and` and the model run
+confirms it without reading through the output SAE's cut-off: removing either side alone keeps
+at most `need` of the MLP output along the feature's direction. Beside it, whether the SAE's
+activation and the downstream log-probability of the boosted tokens say the same
+(`confirmations`). The gate tags the
 corpus's labels let speak (`pipelines.data.tags`; the built-in stories' negation gate) each
 add their column.
 """
@@ -48,7 +51,7 @@ import pandas as pd
 from circuits.config import Config, option, seed_option
 from circuits.gates.groups import MAX_MEMBERS
 from circuits.gates import ranking
-from circuits.gates.ranking import circuit_ranks, is_split, split_evidence
+from circuits.gates.ranking import circuit_ranks, is_split, split_evidence, tiers
 from circuits.sites import OUTPUT_SITE
 from pipelines.data.tags import LABEL_JOIN, GateTag, TagFacts
 
@@ -92,8 +95,19 @@ class VerdictConfig(Config):
                                         "confirmation) to below 1", low=0.0)
     need: float = option(0.5, "a side is necessary when removing it keeps at most this share of the output "
                               "(gate types: circuits.gates.types)", low=0.0, high=1.0)
-    cross: float = option(0.25, "an and's cross term carries at least this share of the output (its synergy)",
-                          low=0.0, high=1.0)
+    cross: float = option(0.25, "a threshold (activation-level) and's cross term carries at least this share of the "
+                                "output's activation (its synergy)", low=0.0, high=1.0)
+    bilinear_cross: float = option(0.5, "a bilinear and's cross term 2 x_A^T Q x_B carries at least this share of the "
+                                        "output's pre-activation less its constant, the norm frozen: the paper's strong "
+                                        "positive interaction, each side then necessary by `need` before any cut-off "
+                                        "(circuits.gates.types)", low=0.0, high=1.0)
+    bilinear_own: float = option(0.2, "... each side's own terms (self term and products with the rest of the input) "
+                                      "add at most this share, a side alone below `matter`, and the 2x2 form on the "
+                                      "sides is indefinite beyond the square band: the paper's negligible "
+                                      "self-interactions and opposite eigenvalue pair", low=0.0, high=1.0)
+    square: float = option(0.8, "two sides are one direction squared (split, ranked last) when their cross term lies "
+                                "within this factor of 2 sqrt(self_a self_b), same sign, and their 2x2 form carries "
+                                "bilinear_cross of the pre-activation", low=0.01, high=1.0)
     suffice: float = option(0.7, "a side alone suffices when removing the other keeps at least this share", low=0.0)
     matter: float = option(0.2, "a side matters when removing it takes away at least this share", low=0.0, high=1.0)
     rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
@@ -252,12 +266,14 @@ def rank(frame: pd.DataFrame, evidence: np.ndarray, tiebreak: list[str], cfg: Ve
     """`split_pair` and `circuit_rank` (null when not ranked) of one layer's candidates of one
     kind, by the gate home's rule (`circuits.gates.ranking`; an and is contradicted by
     `and_data < cfg.and_data`)."""
-    split = is_split(evidence, frame["gate_type"].to_numpy(dtype=object))
+    gate_type = frame["gate_type"].to_numpy(dtype=object)
+    split = is_split(evidence, gate_type)
     order = np.empty(len(frame), dtype=np.int64)  # each row's place in the order of the tiebreak columns
     order[np.lexsort([frame[c].to_numpy() for c in reversed(tiebreak)])] = np.arange(len(frame))
+    uncontradicted = ~(frame["and_data"].to_numpy(dtype=float) < cfg.and_data)
+    sure = frame["sure_and"].eq(True).to_numpy()  # NaN (a row from elsewhere) is not sure
     ranks = circuit_ranks(frame["out_feature"].to_numpy(), frame["causal_bound"].to_numpy(dtype=float),
-                          frame["sure_and"].eq(True).to_numpy()  # NaN (a row from elsewhere) is not sure
-                          & ~(frame["and_data"].to_numpy(dtype=float) < cfg.and_data), split, order)
+                          tiers(gate_type, sure, uncontradicted), split, order)
     return frame.assign(split_pair=split, circuit_rank=pd.array(np.where(ranks > 0, ranks, None), dtype="Int64"))
 
 
@@ -328,10 +344,12 @@ def truth_verdict(both: float, apart: float, and_data: float, cfg: VerdictConfig
     return f"needs both inputs (and_data {and_data:.2f})", True
 
 
-def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig, no_tokens: bool = False
-            ) -> tuple[str, bool]:
-    """The verdict from the interventions' gate type and the model-run ablation's drops;
-    `no_tokens`: the candidate was chosen for the ablation but found no confirmation token."""
+def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig, no_tokens: bool = False,
+            mlp_keep_a: float = float("nan"), mlp_keep_b: float = float("nan")) -> tuple[str, bool]:
+    """The verdict from the interventions' gate type and the model-run ablation: the drops of
+    the SAE's activation, and what the MLP output along f's direction keeps with no TopK
+    (`mlp_keep_*`, which confirm an AND); `no_tokens`: the candidate was chosen for the
+    ablation but found no confirmation token."""
     if not isinstance(gate_type, str) or gate_type == "untested":
         return "untested: no ranking token with both sides on and the output active", False
     said = f"interventions: {gate_type}"
@@ -340,12 +358,50 @@ def verdict(gate_type: str, drop_a: float, drop_b: float, cfg: VerdictConfig, no
             return (f"{said}; not ablated in the model: no confirmation token (the ranking's held-out share) has "
                     "both sides on and the output active"), False
         return f"{said}; not ablated in the model", False
-    kept = f"removing a keeps {1 - drop_a:.0%}, b {1 - drop_b:.0%}"
+    kept = (f"removing a keeps {1 - drop_a:.0%} of the activation, {_share(mlp_keep_a)} of the MLP output; "
+            f"b {1 - drop_b:.0%}, {_share(mlp_keep_b)}")
     if gate_type != "and":
         return f"{said}; model run: {kept}", False
-    if max(1 - drop_a, 1 - drop_b) > cfg.need:
+    if not max(mlp_keep_a, mlp_keep_b) <= cfg.need:  # NaN: not confirmed
         return f"{said}, not confirmed: model run {kept}", False
     return f"behaves as an AND gate (model run: {kept})", True
+
+
+def _share(value: float) -> str:
+    return "-" if np.isnan(value) else f"{value:.0%}"
+
+
+CONFIRM_COLUMNS = ["sae_confirms", "mlp_confirms", "logprob_confirms", "mlp_disagrees", "logprob_disagrees"]
+
+
+def confirmations(frame: pd.DataFrame, cfg: VerdictConfig) -> pd.DataFrame:
+    """`CONFIRM_COLUMNS` of verdict rows with the model-run columns of `drops` (null where not
+    ablated, or where a measure is undefined): whether each measure says both sides are
+    necessary, on the confirmation tokens.
+
+    - `sae_confirms`: the SAE's activation, after its TopK: removing either side keeps at most
+      `need` of it (`drop_* >= 1 - need`);
+    - `mlp_confirms`: the MLP output along the feature's encoder direction, no TopK: removing
+      either side keeps at most `need` of it (`mlp_keep_*`), what the layer computes;
+    - `logprob_confirms`: the boosted tokens' log-probability downstream: removing both sides
+      lowers it, and removing either side alone takes at least `1 - need` of that drop;
+    - `mlp_disagrees`, `logprob_disagrees`: that measure says otherwise than `sae_confirms`
+      (a side necessary only through the SAE's cut-off shows as an mlp disagreement)."""
+    num = lambda c: frame[c].to_numpy(dtype=float) if c in frame else np.full(len(frame), np.nan)  # noqa: E731
+
+    def said(values: list[np.ndarray], holds: np.ndarray) -> pd.array:
+        known = np.all([np.isfinite(v) for v in values], axis=0) if values else np.ones(len(frame), dtype=bool)
+        return pd.array(np.where(known, holds, None), dtype="boolean")
+
+    with np.errstate(invalid="ignore"):
+        drop_a, drop_b = num("drop_a"), num("drop_b")
+        sae = said([drop_a, drop_b], np.maximum(1 - drop_a, 1 - drop_b) <= cfg.need)
+        keep_a, keep_b = num("mlp_keep_a"), num("mlp_keep_b")
+        mlp = said([keep_a, keep_b], np.maximum(keep_a, keep_b) <= cfg.need)
+        lp = {k: num(f"logprob_drop_{k}") for k in ("a", "b", "both")}
+        logprob = said(list(lp.values()), (lp["both"] > 0) & (np.minimum(lp["a"], lp["b"]) >= (1 - cfg.need) * lp["both"]))
+    return pd.DataFrame({"sae_confirms": sae, "mlp_confirms": mlp, "logprob_confirms": logprob,
+                         "mlp_disagrees": mlp != sae, "logprob_disagrees": logprob != sae}, index=frame.index)
 
 
 def _count(value) -> int:
@@ -353,16 +409,23 @@ def _count(value) -> int:
 
 
 def drops(ablation: pd.DataFrame | None, keys: list[str]) -> pd.DataFrame:
-    """Per candidate (`keys`), the share of the output each ablation removed (`drop_a`,
-    `drop_b`, `drop_both`) and where its quadratic form came from (`share_*`)."""
-    columns = keys + ["drop_a", "drop_b", "drop_both", "ablation_tokens", "share_a", "share_b", "share_other",
-                      "share_bias", "share_error"]
+    """Per candidate (`keys`), the share of the output's activation each ablation removed
+    (`drop_a`, `drop_b`, `drop_both`), the share of the MLP output along its direction each
+    kept with no TopK (`mlp_keep_*`: pre-activations less `pre_constant`, null where the
+    clean one is not positive), the drop of the boosted tokens' log-probability
+    (`logprob_drop_*`), and where its quadratic form came from (`share_*`)."""
+    measures = [f"{m}_{k}" for m in ("drop", "mlp_keep", "logprob_drop") for k in ("a", "b", "both")]
+    columns = keys + measures + ["ablation_tokens", "share_a", "share_b", "share_other", "share_bias", "share_error"]
     if ablation is None or ablation.empty:
         return pd.DataFrame(columns=columns)
+    clean = ablation["pre_before"] - ablation["pre_constant"]
     frame = ablation.assign(drop=(ablation["activation_before"] - ablation["activation_after"])
-                            / ablation["activation_before"].where(ablation["activation_before"] != 0))
-    wide = frame.pivot_table(index=keys, columns="ablated", values="drop", aggfunc="first")
-    wide = wide.reindex(columns=["a", "b", "both"]).add_prefix("drop_").reset_index()
+                            / ablation["activation_before"].where(ablation["activation_before"] != 0),
+                            mlp_keep=(ablation["pre_after"] - ablation["pre_constant"]) / clean.where(clean > 0),
+                            logprob_drop=ablation["logprob_before"] - ablation["logprob_after"])
+    wide = pd.concat([frame.pivot_table(index=keys, columns="ablated", values=m, aggfunc="first", dropna=False)
+                      .reindex(columns=["a", "b", "both"]).add_prefix(f"{m}_")
+                      for m in ("drop", "mlp_keep", "logprob_drop")], axis=1).reset_index()
     shares = frame.drop_duplicates(keys)[keys + ["n_tokens", "share_a", "share_b", "share_other", "share_bias",
                                                  "share_error"]].rename(columns={"n_tokens": "ablation_tokens"})
     return wide.merge(shares, on=keys)[columns]
@@ -399,7 +462,8 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
         apart = min(_num(r.get("n_a_only")), _num(r.get("n_b_only")))
         truth, truth_and = truth_verdict(r.get("n_both"), apart, _num(r.get("and_data")), cfg)
         text, is_and = verdict(r.get("gate_type"), _num(r.get("drop_a")), _num(r.get("drop_b")), cfg,
-                               ablation_key(r) in chosen and np.isnan(_num(r.get("ablation_tokens"))))
+                               ablation_key(r) in chosen and np.isnan(_num(r.get("ablation_tokens"))),
+                               _num(r.get("mlp_keep_a")), _num(r.get("mlp_keep_b")))
         f = int(r["out_feature"])
         describe = lambda members: "; ".join(f"#{m} {facts.descriptions.get(('in', m), '')}".strip()  # noqa: E731
                                              for m in members)
@@ -413,6 +477,8 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
                     "out_description": facts.descriptions.get(("out", f), ""),
                     "a_description": describe(r["members_a"]), "b_description": describe(r["members_b"])})
     frame = pd.DataFrame(out)
+    if len(frame):
+        frame = frame.assign(**confirmations(frame, cfg))
     for tag in tags if len(frame) else ():
         frame[tag.column] = tag.rule(frame, TagFacts(facts.boost, cfg.boost_sd))
     for column in ("circuit_rank", "in_a", "in_b", "group_a", "group_b", "both_tokens", "apart_tokens"):
