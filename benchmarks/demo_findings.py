@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
 
 from results_file import add_output, recorded  # noqa: E402
+from circuits.sites import RESID_MID  # noqa: E402
 from pipelines.schemas import select  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def findings(run: Path) -> list[tuple[str, str]]:
                      f"{metrics['loss_added'].min():.2%} to {metrics['loss_added'].max():.2%}"))
     lowrank = _read(run, "lowrank")
     if lowrank is not None:
-        two = select(lowrank, "resid_mid", "sae")
+        two = select(lowrank, RESID_MID, "sae")
         two = two[two["n_eigs"] == 2]
         per_layer = two.groupby("layer")["corr_active"].median()
         rows.append(("median rank-2 active-only correlation, per layer",
