@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside
 
 from results_file import add_output, recorded  # noqa: E402
 from circuits.sites import RESID_MID  # noqa: E402
+from pipelines.engine.paths import RunPaths  # noqa: E402
 from pipelines.schemas import select  # noqa: E402
 
 
@@ -69,19 +70,22 @@ def findings(run: Path) -> list[tuple[str, str]]:
                      + f" ({two['corr_active'].isna().sum()} of {len(two)} outputs too rarely active)"))
     verdicts = _read(run, "gate_verdicts")
     if verdicts is not None:
-        verdicts = select(verdicts, "resid_mid", "sae")
+        verdicts = select(verdicts, RESID_MID, "sae")
         for kind, name in (("pair", "input pairs"), ("group", "group gates")):
             mine = verdicts[verdicts["kind"] == kind]
             ablated = mine[mine["drop_a"].notna()]
-            rows.append((f"{name}: tested, typed `and`, ablated, confirmed as AND gates",
-                         f"{_tested(mine)}, {int((mine['gate_type'] == 'and').sum())}, "
-                         f"{len(ablated)}, {int(mine['is_and'].fillna(False).astype(bool).sum())}"))
+            types = mine["gate_type"].value_counts()
+            rows.append((f"{name}: tested; typed bilinear `and`, `threshold`, `square`; ablated; confirmed as AND gates",
+                         f"{_tested(mine)}; {types.get('and', 0)}, {types.get('threshold', 0)}, "
+                         f"{types.get('square', 0)}; {len(ablated)}; {int(mine['is_and'].fillna(False).astype(bool).sum())}"))
         if "negation_gate" in verdicts.columns:
             tagged = verdicts[verdicts["negation_gate"].fillna(False).astype(bool)]
-            rows.append(("negation gates (tagged candidates): formed, tested, typed `and`, confirmed",
-                         f"{len(tagged)}, {_tested(tagged)}, "
-                         f"{int((tagged['gate_type'] == 'and').sum())}, {int(tagged['is_and'].fillna(False).astype(bool).sum())}"))
-    index = run / "graphs" / "graph-metadata.json"
+            types = tagged["gate_type"].value_counts()
+            rows.append(("negation gates (tagged candidates): formed, tested; typed bilinear `and`, `threshold`, "
+                         "`square`; confirmed",
+                         f"{len(tagged)}, {_tested(tagged)}; {types.get('and', 0)}, {types.get('threshold', 0)}, "
+                         f"{types.get('square', 0)}; {int(tagged['is_and'].fillna(False).astype(bool).sum())}"))
+    index = RunPaths(run).graph_index
     if index.is_file():
         nodes = _read(run, "graph_nodes")
         for entry in json.loads(index.read_text()).get("graphs", [])[:1]:

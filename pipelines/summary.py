@@ -128,6 +128,12 @@ def top(verdicts: pd.DataFrame, kind: str, n: int) -> pd.DataFrame:
     return mine.groupby("layer").head(n)
 
 
+def _share(g, column: str) -> str:
+    """`g`'s share in `column` as a percentage, or 'not measured' where it was not."""
+    value = getattr(g, column, None)
+    return "not measured" if value is None or pd.isna(value) else f"{value:.0%}"
+
+
 def _print_candidate(g) -> None:
     label = lambda x: x if isinstance(x, str) else "unlabelled"  # noqa: E731
     sides = (f"({int(g.in_a)}, {int(g.in_b)})" if g.kind == "pair"
@@ -135,7 +141,7 @@ def _print_candidate(g) -> None:
                   f"{[int(m) for m in g.necessary_b]} of {len(g.members_b)} ({label(g.label_b)}), pruned")
     split = ", a split pair" if g.split_pair else ""
     print(f"  layer {g.layer}, circuit rank {g.circuit_rank}: out {g.out_feature} <- {sides}: {g.gate_type}, "
-          f"causal_score {g.causal_score:.3f}, bound {g.causal_bound:.3f}, cross term {g.cross_share:.0%} of the "
+          f"causal_score {g.causal_score:.3f}, bound {g.causal_bound:.3f}, cross term {_share(g, 'cross_share')} of the "
           f"pre-activation (removing a keeps {g.keep_a:.0%}, b {g.keep_b:.0%}, both {g.keep_ab:.0%}; synergy "
           f"{g.synergy:.2f}; gate_score {'not measured' if pd.isna(g.gate_score) else f'{g.gate_score:.3f}'}{split})")
     drops = ", ".join(f"removing {k} keeps {1 - getattr(g, 'drop_' + k):.0%}" for k in ("a", "b", "both")
