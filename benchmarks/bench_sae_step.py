@@ -32,7 +32,7 @@ from sae_lens import LoggingConfig, TopKTrainingSAE, TopKTrainingSAEConfig  # no
 from sae_lens.config import SAETrainerConfig  # noqa: E402
 from sae_lens.training.sae_trainer import SAETrainer  # noqa: E402
 
-from sae.topk import TopKSAE, TopKTrainer  # noqa: E402
+from sae.topk import TopKAutoencoder, TopKTrainer  # noqa: E402
 
 D_IN, D_SAE, K, BATCH, LR = 512, 2048, 30, 4096, 1e-4
 ROUND_STEPS = 5  # steps a trainer runs before the next one takes its turn
@@ -40,7 +40,7 @@ Step = Callable[[torch.Tensor], None]
 
 
 def _ours(total_steps: int, device: str) -> Step:
-    trainer = TopKTrainer(TopKSAE(D_IN, D_SAE, K, device=device), train_steps=total_steps, lr=LR)
+    trainer = TopKTrainer(TopKAutoencoder(D_IN, D_SAE, K, device=device), train_steps=total_steps, lr=LR)
 
     def step(batch: torch.Tensor) -> None:
         trainer.step(batch, stats=False)

@@ -34,11 +34,16 @@ class SAETrainConfig(Config):
     """One TopK SAE's training recipe; the same recipe serves every (layer, site)."""
 
     expansion: int = option(4, "latents per model dimension, d_sae = expansion * d_model (paper: 4)", low=1)
+    d_sae: int | None = option(None, "latents of the dictionary; overrides expansion when given", low=1)
     k: int | None = option(None, "active latents per token (default: the paper's 30 of 2048, scaled to d_sae, at least 4)", low=1)
     train_tokens: int = option(2_000_000, "tokens each SAE trains on (paper: about 150M)", low=1)
     batch_size: int = option(4096, "tokens per optimiser step (paper: 4096)", low=1)
     lr: float | None = option(None, "peak learning rate (default: the paper's 1e-4, scaled to the model and run length)", low=0.0)
-    lr_end_fraction: float = option(0.0, "the cosine schedule ends at lr times this", low=0.0, high=1.0)
+    warmup_fraction: float = option(0.0, "share of the steps over which lr rises linearly from lr / warm-up steps",
+                                    low=0.0, high=1.0)
+    decay_fraction: float = option(1.0, "share of the steps, at the end, over which a cosine takes lr to lr * "
+                                   "lr_end_fraction (1: the whole run after the warm-up)", low=0.0, high=1.0)
+    lr_end_fraction: float = option(0.0, "the schedule ends at lr times this", low=0.0, high=1.0)
     weight_decay: float = option(0.0, "AdamW's decoupled weight decay (the paper names none)", low=0.0)
     aux_k_coefficient: float = option(1 / 32, "weight of the aux-k loss that revives dead latents", low=0.0)
     dead_after_tokens: int = option(1_000_000, "a latent silent for this many tokens counts as dead for the aux-k loss", low=1)
@@ -64,14 +69,22 @@ class SAETrainConfig(Config):
         """This config with k and lr filled in for input width `d_in`, and the precision that
         `autocast` means on `device` (so that a run's recipe says which ran); ValueError if k
         does not fit."""
-        d_sae = self.expansion * d_in
+        d_sae = self.d_sae if self.d_sae is not None else self.expansion * d_in
         k = self.k if self.k is not None else max(4, round(30 * d_sae / 2048))
         if k > d_sae:
             raise ValueError(f"k={k} must not exceed the dictionary size d_sae={d_sae} "
-                             f"(expansion {self.expansion} x d_model {d_in})")
+                             f"(d_sae or expansion {self.expansion} x d_model {d_in})")
         steps = max(1, self.train_steps)
         lr = self.lr if self.lr is not None else 1e-4 * math.sqrt(512 / d_in * max(1.0, PAPER_STEPS / steps))
-        return self.replace(k=k, lr=lr, autocast=resolve_precision(self.autocast, device))
+        return self.replace(d_sae=d_sae, k=k, lr=lr, autocast=resolve_precision(self.autocast, device))
+
+    @property
+    def warmup_steps(self) -> int:
+        return round(self.warmup_fraction * self.train_steps)
+
+    @property
+    def decay_steps(self) -> int:
+        return max(1, round(self.decay_fraction * self.train_steps))
 
     @property
     def train_steps(self) -> int:

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from sae.config import SAETrainConfig
 from sae.io import check_sae_point, load_sae, sae_format
-from sae.topk import TopKSAE, save_sae_lens
+from sae.topk import TopKAutoencoder, save_sae_lens
 
 D, N = 12, 40
 
@@ -108,7 +108,7 @@ def test_a_folder_of_neither_format_is_named(tmp_path):
 
 
 def test_our_sae_lens_folder_loads_with_its_hook(tmp_path):
-    sae = TopKSAE(D, N, 4, seed=3)
+    sae = TopKAutoencoder(D, N, 4, seed=3)
     with torch.no_grad():
         sae.b_dec.normal_()
     save_sae_lens(sae, tmp_path / "sae", {"hook_name": "blocks.2.hook_resid_mid"})
