@@ -311,7 +311,9 @@ def cosine_lr(step: int, train_steps: int, lr: float, lr_end: float = 0.0, warmu
     span = max(1, train_steps - warmup_steps)
     if decay_steps is not None:
         span = max(1, min(span, decay_steps))
-    t = min(max(0, step - (train_steps - span)), span)
+    if step < train_steps - span:
+        return lr
+    t = min(step - (train_steps - span), span)
     return lr_end + (lr - lr_end) * (1 + math.cos(math.pi * t / span)) / 2
 
 

@@ -82,3 +82,28 @@ def test_too_few_activations_and_bad_tensors_are_refused():
         train_sae(chunks, D_IN, recipe())
     with pytest.raises(ValueError, match="activation tensor 0 must be a 2-D tensor"):
         train_sae([torch.zeros(5)], D_IN, recipe())
+
+
+def test_schedule_holds_then_decays_over_its_last_steps():
+    from sae.topk import cosine_lr
+
+    lr, end = 1e-2, 1e-3
+    assert all(cosine_lr(step, 100, lr, end, decay_steps=20) == lr for step in range(80))
+    assert cosine_lr(90, 100, lr, end, decay_steps=20) == pytest.approx((lr + end) / 2)  # halfway down the cosine
+    assert cosine_lr(100, 100, lr, end, decay_steps=20) == pytest.approx(end)
+    # a warm-up first, then the same decay window at the end
+    assert cosine_lr(4, 100, lr, end, warmup_steps=10, decay_steps=20) == pytest.approx(lr * 5 / 10)
+    assert cosine_lr(50, 100, lr, end, warmup_steps=10, decay_steps=20) == lr
+
+
+def test_default_learning_rate_rule_and_d_sae():
+    from sae.config import PAPER_STEPS, default_lr
+
+    assert default_lr(512, 2048, PAPER_STEPS) == pytest.approx(1e-4)  # the paper's rate at its size
+    assert default_lr(512, 2048, PAPER_STEPS // 4) == pytest.approx(2e-4, rel=1e-4)  # 4x fewer steps: 2x
+    assert default_lr(128, 2048, PAPER_STEPS) == pytest.approx(2e-4)  # 4x smaller d_in * d_sae: 2x
+    assert default_lr(512, 512, PAPER_STEPS) == pytest.approx(2e-4)
+    assert default_lr(512, 2048, 10 * PAPER_STEPS) == pytest.approx(1e-4)  # never below the paper's for longer runs
+    cfg = SAETrainConfig(train_tokens=4096 * 100).resolve(16)
+    assert cfg.d_sae == 64 and cfg.decay_steps == 20
+    assert SAETrainConfig(d_sae=40).resolve(16).d_sae == 40
