@@ -12,8 +12,9 @@ Both trainers step on the same precomputed batches of hidden activations, one CP
 - ours: `sae.train.new_trainer` with a recipe (`SAETrainConfig`): the defaults, or an explicit
   learning rate, schedule, aux-k coefficient and dead-latent window. Our SAE then goes through
   the sae-lens format (`save_sae_lens`, `sae_lens.SAE.load_from_disk`) before it is scored;
-- sae-lens: its `TopKTrainingSAE` stepped by its `SAETrainer` at a constant learning rate
-  (its synthetic benchmark's schedule), everything else at sae-lens's defaults.
+- sae-lens: its `TopKTrainingSAE` stepped by its `SAETrainer` at constant learning rates
+  `SAE_LENS_LRS` (its synthetic benchmark's schedule), everything else at sae-lens's
+  defaults; the best of them is what ours must match.
 
 Every SAE is scored by sae-lens's own `eval_sae_on_synthetic_data` on held-out samples: MCC,
 feature uniqueness, F1, precision, recall, dead latents, shrinkage, L0, explained variance.
