@@ -36,7 +36,7 @@ from sae_lens import LoggingConfig, TopKTrainingSAE, TopKTrainingSAEConfig  # no
 from sae_lens.config import SAETrainerConfig  # noqa: E402
 from sae_lens.training.sae_trainer import SAETrainer  # noqa: E402
 
-from sae.topk import TopKSAE, TopKTrainer  # noqa: E402
+from sae.topk import TopKAutoencoder, TopKTrainer  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
 from results_file import add_output, run_recorded  # noqa: E402
 
@@ -48,7 +48,7 @@ Step = Callable[[torch.Tensor], None]
 
 
 def _ours(total_steps: int, device: str) -> Step:
-    trainer = TopKTrainer(TopKSAE(D_IN, D_SAE, K, device=device), train_steps=total_steps, lr=LR)
+    trainer = TopKTrainer(TopKAutoencoder(D_IN, D_SAE, K, device=device), train_steps=total_steps, lr=LR)
 
     def step(batch: torch.Tensor) -> None:
         trainer.step(batch, stats=False)

@@ -307,7 +307,7 @@ def stage_flops(stage: str, cfg, m) -> float:
         return 3 * tokens * forward_flops(m) + (evals * train.eval_rows + 256) * n_ctx * forward_flops(m)
     d = m.d_model
     sae = cfg.saes.sae.resolve(d)
-    d_sae = sae.expansion * d
+    d_sae = sae.d_sae
     n_saes = m.n_layers * len(cfg.saes.sites)
     if stage == "train-saes":
         model = stream_flops(cfg, m)

@@ -45,9 +45,9 @@ def lm_steps():
 
 
 def sae_steps():
-    from sae.topk import TopKSAE, TopKTrainer
+    from sae.topk import TopKAutoencoder, TopKTrainer
 
-    trainers = [TopKTrainer(TopKSAE(128, 512, 16, seed=i), train_steps=100, lr=1e-3) for i in range(8)]
+    trainers = [TopKTrainer(TopKAutoencoder(128, 512, 16, seed=i), train_steps=100, lr=1e-3) for i in range(8)]
     batch = torch.randn(4096, 128)
 
     def run():

@@ -76,6 +76,13 @@ class ActivationStream:
         self.position = StreamPosition()
         self._buffers: dict[Point, torch.Tensor] | None = None  # [rows_per_fill * n_ctx, d_model] per point
 
+    def state(self) -> dict:
+        """Where the next batch comes from, JSON-able (`restore` takes it back)."""
+        return self.position.to_json()
+
+    def restore(self, state: dict) -> None:
+        self.position = StreamPosition(**state)
+
     def _row_order(self, start: int, count: int) -> torch.Tensor:
         """Row indices at positions `start .. start + count` of the endless epoch order."""
         n = len(self.rows)

@@ -168,7 +168,7 @@ def decode_rows(values: Tensor, indices: Tensor, W_dec: Tensor) -> Tensor:
     return _DecodeRows.apply(values, indices, W_dec)
 
 
-class TopKSAE(nn.Module):
+class TopKAutoencoder(nn.Module):
     """A TopK sparse autoencoder in sae-lens's layout, without an encoder bias.
 
     Parameters `W_enc [d_in, d_sae]`, `W_dec [d_sae, d_in]` (unit-norm rows), `b_dec [d_in]`;
@@ -272,7 +272,7 @@ def _dead_latents(
 
 
 def training_losses(
-    sae: TopKSAE, x: Tensor, dead: Tensor | None = None, k_aux: int | None = None, aux_k_coefficient: float = 1 / 32,
+    sae: TopKAutoencoder, x: Tensor, dead: Tensor | None = None, k_aux: int | None = None, aux_k_coefficient: float = 1 / 32,
     sync_free: bool = False, pre_out: Tensor | None = None,
 ) -> Losses:
     """The TopK reconstruction loss and the aux-k loss of `sae` on x `[batch, d_in]`.
@@ -300,19 +300,25 @@ def training_losses(
     return Losses(mse, aux_loss, values, top)
 
 
-def cosine_lr(step: int, train_steps: int, lr: float, lr_end: float = 0.0, warmup_steps: int = 0) -> float:
-    """The learning rate of step `step` (0-based), as sae-lens's "cosineannealing" schedule:
-    `lr * (step + 1) / warmup_steps` during warm-up, then a cosine from `lr` to `lr_end`
-    over the remaining steps, `lr_end` after them."""
+def cosine_lr(step: int, train_steps: int, lr: float, lr_end: float = 0.0, warmup_steps: int = 0,
+              decay_steps: int | None = None) -> float:
+    """The learning rate of step `step` (0-based): `lr * (step + 1) / warmup_steps` during
+    warm-up, then `lr` until the last `decay_steps` steps, over which a cosine takes it to
+    `lr_end` (`lr_end` after them). `decay_steps` None: every step after the warm-up decays,
+    sae-lens's "cosineannealing" schedule."""
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     span = max(1, train_steps - warmup_steps)
-    t = min(step - warmup_steps, span)
+    if decay_steps is not None:
+        span = max(1, min(span, decay_steps))
+    if step < train_steps - span:
+        return lr
+    t = min(step - (train_steps - span), span)
     return lr_end + (lr - lr_end) * (1 + math.cos(math.pi * t / span)) / 2
 
 
 class TopKTrainer:
-    """Trains a `TopKSAE` one batch at a time: AdamW over `W_enc`, `W_dec` and `b_dec`, a
+    """Trains a `TopKAutoencoder` one batch at a time: AdamW over `W_enc`, `W_dec` and `b_dec`, a
     cosine schedule, gradient clipping, a unit-norm decoder, dead-latent tracking for the
     aux-k loss and firing counts for the log10 frequency of every latent.
 
@@ -320,15 +326,15 @@ class TopKTrainer:
     everything a resumed run needs to continue bitwise identically on the same device.
     """
 
-    def __init__(self, sae: TopKSAE, train_steps: int, lr: float, lr_end_fraction: float = 0.0, warmup_steps: int = 0,
-                 weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), max_grad_norm: float = 1.0,
+    def __init__(self, sae: TopKAutoencoder, train_steps: int, lr: float, lr_end_fraction: float = 0.0, warmup_steps: int = 0,
+                 decay_steps: int | None = None, weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), max_grad_norm: float = 1.0,
                  aux_k_coefficient: float = 1 / 32, k_aux: int | None = None, dead_steps: int = 1000) -> None:
         if train_steps < 1:
             raise ValueError(f"train_steps must be at least 1, got {train_steps}")
         self.sae = sae
         self.settings = dict(
             d_in=sae.d_in, d_sae=sae.d_sae, k=sae.k, train_steps=train_steps, lr=lr, lr_end_fraction=lr_end_fraction,
-            warmup_steps=warmup_steps, weight_decay=weight_decay, betas=tuple(betas), max_grad_norm=max_grad_norm,
+            warmup_steps=warmup_steps, decay_steps=decay_steps, weight_decay=weight_decay, betas=tuple(betas), max_grad_norm=max_grad_norm,
             aux_k_coefficient=aux_k_coefficient, k_aux=k_aux if k_aux is not None else sae.d_in // 2,
             dead_steps=dead_steps,
         )
@@ -352,7 +358,8 @@ class TopKTrainer:
     def next_lr(self) -> float:
         """The learning rate of the next step."""
         s = self.settings
-        return cosine_lr(self.steps, s["train_steps"], s["lr"], s["lr"] * s["lr_end_fraction"], s["warmup_steps"])
+        return cosine_lr(self.steps, s["train_steps"], s["lr"], s["lr"] * s["lr_end_fraction"], s["warmup_steps"],
+                         s["decay_steps"])
 
     def step(self, batch: Tensor, stats: bool = True) -> dict[str, float]:
         """One optimiser step on batch `[batch_size, d_in]`.
@@ -438,17 +445,18 @@ class TopKTrainer:
         self.fire_counts.copy_(state["fire_counts"])
 
 
-def save_sae_lens(sae: TopKSAE, directory: str | Path, metadata: dict) -> Path:
+def save_sae_lens(sae: TopKAutoencoder, directory: str | Path, metadata: dict | None = None) -> Path:
     """Write `sae` to `directory` in sae-lens's format for a TopK SAE (`cfg.json`,
     `sae_weights.safetensors`), loadable with `sae_lens.SAE.load_from_disk`.
 
-    `metadata` (hook_name, model_name, ...) goes into the config's metadata. Written in
-    place; the caller makes it atomic if needed.
+    `metadata` (hook_name, model_name, ...) goes into the config's metadata; without it the
+    SAE records no hook (sae-lens's defaults). Written in place; the caller makes it atomic
+    if needed.
     """
     cfg = TopKSAEConfig(
         d_in=sae.d_in, d_sae=sae.d_sae, k=sae.k, dtype=str(sae.W_enc.dtype).removeprefix("torch."), device="cpu",
         apply_b_dec_to_input=True, normalize_activations="none", rescale_acts_by_decoder_norm=False,
-        metadata=SAEMetadata(**metadata),
+        metadata=SAEMetadata(**(metadata or {})),
     )
     out = SaeLensTopKSAE(cfg)
     out.load_state_dict({name: tensor.detach().cpu() for name, tensor in sae.state_dict().items()})

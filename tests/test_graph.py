@@ -103,9 +103,9 @@ def test_target_option_and_bad_input(run, tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert err.startswith("error:") and message in err and "\n" not in err, err
     # SAEs of another model: an SAE of another width, recorded as reading layer 0
-    from sae.topk import TopKSAE, save_sae_lens
+    from sae.topk import TopKAutoencoder, save_sae_lens
 
-    other = save_sae_lens(TopKSAE(16, 64, 4), tmp_path / "other", {"hook_name": "blocks.0.hook_resid_mid"})
+    other = save_sae_lens(TopKAutoencoder(16, 64, 4), tmp_path / "other", {"hook_name": "blocks.0.hook_resid_mid"})
     assert main(["graph", *base, "--prompt", "she was not", "--layer", "0", "--sae-in", str(other),
                  "--sae-out", str(run / "saes" / "layer0_mlp_out")]) == 2
     err = capsys.readouterr().err

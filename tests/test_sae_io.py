@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from sae.config import SAETrainConfig
 from sae.io import check_sae_point, load_sae, sae_format
-from sae.topk import TopKSAE, save_sae_lens
+from sae.topk import TopKAutoencoder, save_sae_lens
 
 D, N = 12, 40
 
@@ -108,7 +108,7 @@ def test_a_folder_of_neither_format_is_named(tmp_path):
 
 
 def test_our_sae_lens_folder_loads_with_its_hook(tmp_path):
-    sae = TopKSAE(D, N, 4, seed=3)
+    sae = TopKAutoencoder(D, N, 4, seed=3)
     with torch.no_grad():
         sae.b_dec.normal_()
     save_sae_lens(sae, tmp_path / "sae", {"hook_name": "blocks.2.hook_resid_mid"})
@@ -142,7 +142,7 @@ def test_recipe_scales_defaults_and_round_trips_through_json():
     paper = SAETrainConfig(train_tokens=150_000_000).resolve(512)
     assert (paper.k, paper.lr) == (30, pytest.approx(1e-4))
     small = SAETrainConfig(train_tokens=150_000_000).resolve(128)
-    assert small.k == 8 and small.lr == pytest.approx(2e-4)
+    assert small.k == 8 and small.lr == pytest.approx(4e-4)  # d_in and d_sae 4x smaller: sqrt(16) times the rate
     short = SAETrainConfig(train_tokens=150_000_000 // 100).resolve(512)
     assert short.lr == pytest.approx(1e-3, rel=0.01)
     assert SAETrainConfig.from_json(json.loads(json.dumps(small.to_json()))) == small

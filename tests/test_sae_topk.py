@@ -12,7 +12,7 @@ from sae_lens.saes.sae import TrainStepInput
 from sae_lens.training.optim import get_lr_scheduler
 
 from circuits.weights import top_k_indices
-from sae.topk import TopKSAE, TopKTrainer, _latent_by_token, cosine_lr, save_sae_lens, training_losses
+from sae.topk import TopKAutoencoder, TopKTrainer, _latent_by_token, cosine_lr, save_sae_lens, training_losses
 
 PARAMS = ("W_enc", "W_dec", "b_dec")
 
@@ -26,9 +26,9 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def perturbed_sae(d_in: int, d_sae: int, k: int, seed: int = 0) -> TopKSAE:
+def perturbed_sae(d_in: int, d_sae: int, k: int, seed: int = 0) -> TopKAutoencoder:
     """A float64 SAE whose encoder is no longer the decoder's transpose and whose b_dec is not zero."""
-    sae = TopKSAE(d_in, d_sae, k, dtype=torch.float64, seed=seed)
+    sae = TopKAutoencoder(d_in, d_sae, k, dtype=torch.float64, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         sae.W_enc.add_(0.3 * torch.randn(d_in, d_sae, generator=g, dtype=torch.float64))
@@ -36,7 +36,7 @@ def perturbed_sae(d_in: int, d_sae: int, k: int, seed: int = 0) -> TopKSAE:
     return sae
 
 
-def dense_losses(sae: TopKSAE, x: torch.Tensor, dead: torch.Tensor | None, k_aux: int, coefficient: float):
+def dense_losses(sae: TopKAutoencoder, x: torch.Tensor, dead: torch.Tensor | None, k_aux: int, coefficient: float):
     """Plain autograd: dense pre-activations, top-k mask, ReLU, dense decode; returns
     (mse, aux, {name: leaf copy of each parameter})."""
     W_enc, W_dec, b_dec = (getattr(sae, name).detach().clone().requires_grad_() for name in PARAMS)
@@ -54,7 +54,7 @@ def dense_losses(sae: TopKSAE, x: torch.Tensor, dead: torch.Tensor | None, k_aux
     return mse, aux, dict(zip(PARAMS, (W_enc, W_dec, b_dec)))
 
 
-def our_grads(sae: TopKSAE, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+def our_grads(sae: TopKAutoencoder, loss: torch.Tensor) -> dict[str, torch.Tensor]:
     sae.zero_grad(set_to_none=True)
     loss.backward()
     return {name: getattr(sae, name).grad for name in PARAMS}
@@ -174,7 +174,7 @@ def planted_batches(d: int, n_atoms: int, active: int, batch: int, seed: int):
 
 def test_planted_dictionary_is_recovered(one_thread):
     atoms, batches = planted_batches(d=32, n_atoms=64, active=3, batch=256, seed=0)
-    sae = TopKSAE(32, 128, k=4, seed=0)
+    sae = TopKAutoencoder(32, 128, k=4, seed=0)
     steps = 1200
     trainer = TopKTrainer(sae, train_steps=steps, lr=2e-3, dead_steps=50)
     for _ in range(steps - 1):
@@ -196,7 +196,7 @@ def test_planted_dictionary_is_recovered(one_thread):
 
 
 def test_trainer_settings_hold():
-    sae = TopKSAE(16, 64, 4)
+    sae = TopKAutoencoder(16, 64, 4)
     trainer = TopKTrainer(sae, train_steps=10, lr=1e-2, weight_decay=0.01)
     assert isinstance(trainer.optimizer, torch.optim.AdamW)
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.01
@@ -219,7 +219,7 @@ def train(trainer: TopKTrainer, batches: list[torch.Tensor]) -> list[dict[str, f
 
 def test_resume_is_bitwise_identical(tmp_path):
     def fresh() -> TopKTrainer:
-        return TopKTrainer(TopKSAE(16, 64, 4, seed=1), train_steps=40, lr=3e-3, warmup_steps=3,
+        return TopKTrainer(TopKAutoencoder(16, 64, 4, seed=1), train_steps=40, lr=3e-3, warmup_steps=3,
                            weight_decay=0.01, dead_steps=3)
 
     _, stream = planted_batches(d=16, n_atoms=12, active=2, batch=64, seed=4)
@@ -248,15 +248,15 @@ def test_resume_is_bitwise_identical(tmp_path):
 
 
 def test_resume_refuses_other_settings():
-    trainer = TopKTrainer(TopKSAE(16, 64, 4), train_steps=10, lr=1e-3)
-    other = TopKTrainer(TopKSAE(16, 64, 4), train_steps=20, lr=1e-3)
+    trainer = TopKTrainer(TopKAutoencoder(16, 64, 4), train_steps=10, lr=1e-3)
+    other = TopKTrainer(TopKAutoencoder(16, 64, 4), train_steps=20, lr=1e-3)
     with pytest.raises(ValueError, match="train_steps"):
         other.load_state_dict(trainer.state_dict())
 
 
 def test_sae_lens_loads_ours_and_encodes_identically(tmp_path):
     _, stream = planted_batches(d=16, n_atoms=24, active=3, batch=128, seed=9)
-    sae = TopKSAE(16, 64, 4, seed=2)
+    sae = TopKAutoencoder(16, 64, 4, seed=2)
     trainer = TopKTrainer(sae, train_steps=30, lr=1e-2)
     for _ in range(30):
         trainer.step(next(stream), stats=False)
