@@ -117,12 +117,13 @@ _INTERVENTIONS = (
         "input, b_dec included); the cross term `2 x_A^T Q x_B`; the rest's own form. own_a + own_b + cross + rest = "
         "pre_none - pre_constant (`circuits.gates.interventions`, `LayerIntervention.form_parts`)"),
     col("cross_share, own_a_share, own_b_share, rest_share", FLOAT, "form_cross, form_own_a, form_own_b, form_rest "
-        "over `pre_none - pre_constant` (they add up to 1; null where that is not positive): what the gate types read "
+        "over `pre_none - pre_constant` (they add up to 1; null where that is not positive or under a quarter of "
+        "`|form_own_a| + |form_own_b| + |form_cross| + |form_rest|`): what the gate types read "
         "(`circuits.gates.types`)"),
     col("square_share, square_fit, square_part", FLOAT, "the 2x2 form on the sides (`form_self_a + form_self_b + "
         "form_cross`) over `pre_none - pre_constant`; `form_cross / (2 sqrt(form_self_a form_self_b))` signed by the "
-        "self terms, 1 for one direction written as two latents (null unless the self terms share a sign); the smaller "
-        "side's part of that direction, `sqrt|self|` over both sides' sum (`circuits.gates.types.form_shares`)"),
+        "self terms, 1 for a rank-one form, one direction squared (null unless the self terms share a sign); the "
+        "smaller side's part of that direction, `sqrt|self|` over both sides' sum (`circuits.gates.types.form_shares`)"),
     col("layer_cross_share, layer_own_a_share, layer_own_b_share, layer_rest_share", FLOAT, "the closed form of "
         "pre_none, pre_a, pre_b, pre_ab less pre_constant (the norm's factor recomputed with each removal, as the "
         "layer computes it) over `pre_none - pre_constant`"),
@@ -136,14 +137,16 @@ _INTERVENTIONS = (
     col("sure_and", BOOL, "the activation-level AND rule holds with keep_a and keep_b raised and synergy lowered by "
         "`--rank-z` standard errors (null tokens added): ranked after the bilinear ands and before every other "
         "candidate (`circuits.gates.ranking`)"),
-    col("gate_type", STR, "on the layer's pre-activation: `square` (one direction as two latents) or `and` (the "
-        "bilinear AND: cross_share >= `--bilinear-cross`, each own share within `--bilinear-own`); else on the "
-        "activations: `xor-like`, `inhibition`, `threshold` (both sides necessary only through the output SAE's "
-        "cut-off), `or`, `neither`, `one-sided`, `additive`; or `untested` (`circuits.gates.types`)"),
+    col("gate_type", STR, "on the layer's pre-activation: `square` (a rank-one form on the sides' self terms and "
+        "cross term, one direction squared) or `and` (the bilinear AND: cross_share, and removing either side, >= "
+        "`--bilinear-cross`, rest_share <= 1 minus it, each own share within `--bilinear-own`); else on the "
+        "activations: `xor-like`, `inhibition`, `and-unformed` (both sides necessary to the activation where the "
+        "form's shares are null: the layer's part unknown), `threshold` (both sides necessary only through the output "
+        "SAE's cut-off), `or`, `neither`, `one-sided`, `additive`; or `untested` (`circuits.gates.types`)"),
 )
 _RANKED = (
-    col("split_pair", BOOL, "one concept split over two latents: a `square`, or the correlational evidence and not "
-        "a bilinear `and` (`circuits.gates.ranking`)"),
+    col("split_pair", BOOL, "one concept split over two latents: a `square` (one direction squared), or the "
+        "correlational evidence and not a bilinear `and` (`circuits.gates.ranking`)"),
     col("circuit_rank", INT, "rank in the layer of each output's circuit candidate: bilinear ands, then sure "
         "activation-level ands, each where and_data does not contradict it, then the rest, each by causal_bound; "
         "split ones last (`circuits.gates.ranking`; null otherwise)"),

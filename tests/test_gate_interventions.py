@@ -796,9 +796,11 @@ def test_the_form_parts_of_a_planted_layer():
 
 
 def _types_of(parts: dict, keeps_: tuple[float, float, float] = (0.1, 0.1, 0.0)) -> str:
-    """The type of one candidate whose pre-activation less its constant is 1, split as `parts`."""
+    """The type of one candidate whose pre-activation less its constant is split as `parts`
+    (own_a + own_b + cross + rest, as the layer's form adds them)."""
     full = {"self_a": 0.0, "self_b": 0.0, "own_a": 0.0, "own_b": 0.0, "cross": 0.0, "rest": 0.0, **parts}
-    form = form_shares([1.5], [0.5], {k: [v] for k, v in full.items()})
+    total = full["own_a"] + full["own_b"] + full["cross"] + full["rest"]
+    form = form_shares([0.5 + total], [0.5], {k: [v] for k, v in full.items()})
     return gate_types([keeps_[0]], [keeps_[1]], [keeps_[2]], FORM_LIMITS, form)[0]
 
 
@@ -825,9 +827,34 @@ FORM_LIMITS = GateThresholds(need=0.5, cross=0.25, suffice=0.7, matter=0.2, rise
     # of a sum (semidefinite), not an AND, though the cross term is large and the own terms small
     ({"self_a": 0.5, "own_a": 0.1, "self_b": 0.5, "own_b": 0.1, "cross": 0.55, "rest": 0.25}, (0.4, 0.4, 0.1),
      "threshold"),
+    # a large cross term cancelled by own terms that lower the output, the rest carrying it: removing either side
+    # raises the pre-activation (1 - 0.6 + 0.7 = 1.1), no AND
+    ({"cross": 0.6, "self_a": -0.2, "own_a": -1.0, "self_b": -0.2, "own_b": -1.0, "rest": 2.4}, (1.4, 1.4, 2.4),
+     "xor-like"),
+    ({"cross": 0.6, "self_a": -0.2, "own_a": -0.7, "self_b": -0.2, "own_b": -0.7, "rest": 1.8}, (1.1, 1.1, 1.8),
+     "xor-like"),
+    # each removal takes half, but removing both gives it all back (the rest is the whole): not the layer's AND,
+    # only the activation's rule (each side necessary, synergy 1), as for any form the bilinear rule refuses
+    ({"cross": 1.0, "own_a": -0.5, "own_b": -0.5, "rest": 1.0}, (0.5, 0.5, 1.0), "threshold"),
+    # a pre-activation that is a sliver of its large parts: no shares to read (1.0 - 0.5 - 0.49 = 0.01)
+    ({"cross": 1.0, "own_a": -0.5, "own_b": -0.49}, (0.1, 0.1, 0.0), "and-unformed"),
+    # the activation's AND where the form has no share to read: not claimed to add in the pre-activation
+    ({"cross": 0.4, "own_a": -0.3, "own_b": -0.3}, (0.1, 0.1, 0.0), "and-unformed"),
+    # a negative square, -(a + b)^2: rank one, but removing either side raises the output
+    ({"self_a": -0.3, "own_a": -0.3, "self_b": -0.3, "own_b": -0.3, "cross": -0.6, "rest": 2.2}, (1.9, 1.9, 2.2),
+     "xor-like"),
 ])
 def test_types_on_the_form(parts, keeps_, expected):
     assert _types_of(parts, keeps_) == expected
+
+
+def test_form_shares_are_read_only_on_a_total_not_a_sliver_of_its_parts():
+    parts = {"self_a": [0.0, 0.0], "self_b": [0.0, 0.0], "own_a": [-0.5, -0.3], "own_b": [-0.49, -0.2],
+             "cross": [1.0, 1.0], "rest": [0.0, 0.0]}
+    # totals 0.01 and 0.5 (pre_none less the constant); parts of sizes 1.99 and 1.5
+    shares = form_shares([1.01, 1.5], [1.0, 1.0], parts)
+    assert np.isnan(shares["cross_share"][0]) and np.isnan(shares["square_share"][0])
+    assert shares["cross_share"][1] == pytest.approx(2.0)  # 0.5 is at least a quarter of 1.5
 
 
 def test_layer_shares_are_the_closed_form_of_the_pre_activations_over_the_output():

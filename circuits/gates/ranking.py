@@ -22,10 +22,11 @@ agree:
 - interventions: the candidate's `gate_type` is not a bilinear `and` (`circuits.gates.types`,
   read on the layer's pre-activation). An untested candidate is judged on the evidence alone.
 
-The layer's own form decides alone when it says one concept: a `square` (the 2x2 form on the
-two sides nearly rank one, one direction written as two latents) is split whatever the
-evidence and the activations say. Removing either half of a square drops the output under the
-output SAE's cut-off, so the activations alone would read it as an AND.
+The layer's own form decides alone when it says one direction squared: a `square` (the 2x2
+form on the two sides' self terms and cross term nearly rank one, one direction written as
+two latents or two groups) is split whatever the evidence and the activations say. Removing
+either half of a square drops the output under the output SAE's cut-off, so the activations
+alone would read it as an AND.
 
 A group gate is split when split member pairs carry most of the cross terms between its
 groups (`split_share >= 0.5`, evidence as above per member pair), and its type is not `and`,
@@ -36,11 +37,13 @@ not contradict; then every sure activation-level AND (`sure_and`: each side nece
 activation and its cross term carrying the output, beyond the sample's luck; the `threshold`
 ands, where the output SAE's cut-off does the AND) the data do not contradict; then every
 other candidate. Within a tier by `causal_bound` (the causal score made pessimistic by its
-standard errors, `circuits.gates.types`). The data contradict an and when the output's truth
-table on held-out tokens says it fires about as strongly with one side off (`and_data` below
-its threshold): the interventions only see tokens where both sides are on, where inputs that
-merely interfere with the one the output reads can look necessary. Each output's *circuit candidate*, among its candidates of one kind (pairs, or
-group gates), is its first in that order that is not split (its first split one when it has
+standard errors, `circuits.gates.types`). An `and-unformed` (the activation-level AND where
+the layer's form has no shares to read) is in the same tier as a `threshold`, sure or not.
+The data contradict an and when the output's truth table on held-out tokens says it fires
+about as strongly with one side off (`and_data` below its threshold): the interventions only
+see tokens where both sides are on, where inputs that merely interfere with the one the
+output reads can look necessary. Each output's *circuit candidate*, among its candidates of
+one kind (pairs, or group gates), is its first in that order that is not split (its first split one when it has
 no other). `circuit_rank` ranks the circuit candidates of a layer in that order, and after
 them the split candidates that come before their output's circuit candidate, so that a reader
 finds what was demoted and why. Untested candidates (no score) are not ranked.

@@ -21,21 +21,30 @@ pre-activation on a candidate's tokens splits exactly (`circuits.gates.intervent
 constant (the biases through the output SAE's encoder), side A's own terms (its self term
 `x_A^T Q x_A` and its products with the rest of the input, `b_dec` included), B's own terms,
 the cross term `2 x_A^T Q x_B`, and the rest. `form_shares` scales them by the pre-activation
-less its constant. The first rule that holds (thresholds of `GateThresholds`):
+less its constant, T; there are no shares (NaN) where T is not positive, or is under
+`LEAST_TOTAL` of the parts' sizes `|own_a| + |own_b| + |cross| + |rest|` (a sliver left by
+large parts that cancel, whose shares would be huge and say nothing). The first rule that
+holds (thresholds of `GateThresholds`):
 
-- `square`: the two sides are one direction written twice (a concept the SAE split over two
-  latents): their 2x2 form is nearly rank one, the cross term within `square` of
-  `2 sqrt(self_a self_b)` and of their sign (`square_fit` in `[square, 1 / square]`), it
-  carries at least `bilinear_cross` of the pre-activation, and each side carries at least
-  `matter` of the direction's value (`square_part`: the square root of its self term over the
-  sum of both sides'). Any two inputs of an output that squares one direction have a rank-one
-  form; an input that merely overlaps the direction (a bystander in superposition) is not
-  half of a concept. Split whatever the activations say;
+- `square`: the two sides write one direction and the output squares it (a rank-one form,
+  one direction squared: one concept the SAE split over two latents, or two groups that
+  each write part of one direction): their 2x2 form on the self terms and the cross term is
+  nearly rank one, the cross term within `square` of `2 sqrt(self_a self_b)` and of their
+  sign (`square_fit` in `[square, 1 / square]`), the form raises the pre-activation by at
+  least `bilinear_cross` of it (`square_share`, signed: a square that lowers the output is an
+  inhibition), and each side carries at least `matter` of the direction's value
+  (`square_part`: the square root of its self term over the sum of both sides'). Any two
+  inputs of an output that squares one direction have a rank-one form; an input that merely
+  overlaps the direction (a bystander in superposition) is not half of it. Split whatever
+  the activations say;
 - `and`, the bilinear AND: the cross term carries at least `bilinear_cross` of the
   pre-activation, each side's own terms add at most `bilinear_own` of it (own terms that
-  lower the output leave the side no less necessary), and the 2x2 form on the sides is
-  indefinite beyond the square's band (`|square_fit| > 1 / square`, or self terms of two
-  signs): the paper's strong positive interaction, negligible self-interactions and
+  lower the output leave the side no less necessary), removing either side takes at least
+  `bilinear_cross` of it (`cross_share + own_a_share`, and the same for B: own terms that
+  lower the output by more than the cross term raises it make the side's removal raise the
+  output), the rest carries at most `1 - bilinear_cross` (what removing both sides leaves),
+  and the 2x2 form on the sides is indefinite beyond the square's band (`|square_fit| > 1 /
+  square`, or self terms of two signs): the paper's strong positive interaction, negligible self-interactions and
   opposite-sign eigenvalue pair, read on the tokens where the gate works. Two groups that
   each carry part of one squared direction have a large cross term too, but their form is
   semidefinite (`|square_fit| <= 1`): the square of a sum, not an AND;
@@ -45,11 +54,13 @@ then on the activations, after the output SAE's selection:
 - `xor-like`: removing either side raises f (`keep_a, keep_b >= 1 + rise`): each side
   suppresses f when the other is on;
 - `inhibition`: removing one side raises f (`keep >= 1 + rise` on one side);
-- `threshold`, the threshold AND: each side is necessary to the activation (`keep_a, keep_b
-  <= need`) and the activation's cross term carries at least `cross` of f (`synergy >=
-  cross`), while the layer does not make it a bilinear `and` (the rule above failed): the
-  sides add in the pre-activation, and the output SAE's TopK or bias cut-off makes each
-  necessary. The SAE does the AND, the layer does not;
+- `and-unformed`: the activation-level AND (each side necessary to the activation, `keep_a,
+  keep_b <= need`, and the activation's cross term carrying at least `cross` of f, `synergy
+  >= cross`) where the form has no shares: nothing says what the layer computes;
+- `threshold`, the threshold AND: the activation-level AND while the layer does not make it a
+  bilinear `and` (the rule above failed on the form's shares): the sides add in the
+  pre-activation, and the output SAE's TopK or bias cut-off makes each necessary. The SAE
+  does the AND, the layer does not;
 - `or`: each side alone suffices and f needs one of them (`keep_a, keep_b >= suffice`,
   `keep_ab <= need`): own terms of both sides, `synergy` near -1;
 - `neither`: neither side matters (`keep_a, keep_b > 1 - matter`);
@@ -62,14 +73,14 @@ then on the activations, after the output SAE's selection:
   their interaction in `synergy`.
 
 Without the form's shares (`gate_types(..., form=None)`) only the activation rules apply, and
-the activation-level AND is `threshold`.
+the activation-level AND is `threshold` (the API's reading of the activations alone).
 
 Why these thresholds (`pipelines.analysis.verdicts.VerdictConfig` holds them). With negligible
 own terms, removing either side of a bilinear AND takes its cross term: `bilinear_cross` =
 0.5 makes each side necessary in the pre-activation by the same `need` (half) the activation
 rule asks, before any cut-off. `bilinear_own` = 0.2 is the `matter` size: a side alone moves
 the pre-activation less than what counts as mattering. The planted world's bilinear ANDs carry
-nearly all their pre-activation in the cross term and none in own terms; its threshold AND
+nearly all their pre-activation in the cross term and none in own terms or the rest; its threshold AND
 (two squares added) carries none in the cross term and half in each side's own terms; its
 square carries half in the cross term and a quarter in each self term, exactly rank one. The
 `square` tolerance 0.8 lets the magnitudes of the two latents vary apart (two independent
@@ -89,7 +100,7 @@ are all it needs. Ranked by its estimate, the best of many candidates is partly 
 (a keep of 0.45 on 64 tokens can be 0.55 on the next 64); the *causal bound* is the causal
 score with each keep raised and the synergy lowered by `z` standard errors, and
 `circuits.gates.ranking` ranks every bilinear `and` first, then every sure activation-level
-AND (below, a `threshold` the sample's luck does not explain), each by it.
+AND (below, a `threshold` or `and-unformed` the sample's luck does not explain), each by it.
 
 On few tokens the error is itself a guess, and it can be 0: where removing either side takes
 f to exactly 0 on each of 20 tokens (the output SAE's TopK drops it), the keeps are 0 with no
@@ -116,8 +127,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-GATE_TYPES = ("and", "threshold", "square", "or", "additive", "one-sided", "inhibition", "xor-like", "neither",
-              "untested")
+GATE_TYPES = ("and", "threshold", "and-unformed", "square", "or", "additive", "one-sided", "inhibition", "xor-like",
+              "neither", "untested")
+# the form's shares are read only where the pre-activation less its constant is at least this share of its parts'
+# sizes (|own_a| + |own_b| + |cross| + |rest|): a total that is a sliver of large parts that cancel makes every
+# share huge and says nothing about which part carries the output
+LEAST_TOTAL = 0.25
 # the form's parts (`LayerIntervention.form_parts`), means over a candidate's tokens: they add up to the
 # pre-activation less its constant
 FORM_PARTS = ("self_a", "self_b", "own_a", "own_b", "cross", "rest")
@@ -132,9 +147,9 @@ class GateThresholds:
     suffice: float  # a side alone suffices when removing the other keeps at least this share
     matter: float  # a side matters when removing it takes away at least this share
     rise: float  # removing a side inhibits when f rises by at least this share
-    bilinear_cross: float = 0.5  # a bilinear and's cross term carries at least this share of the pre-activation
+    bilinear_cross: float = 0.5  # a bilinear and's cross term, and removing either side, take at least this share
     bilinear_own: float = 0.2  # ... and each side's own terms add at most this share
-    square: float = 0.8  # a square's cross term is within this factor of 2 sqrt(self_a self_b)
+    square: float = 0.8  # a square's cross term is within this factor of 2 sqrt(self_a self_b) (the self terms)
 
 
 def form_shares(pre_none, constant, parts: dict) -> dict[str, np.ndarray]:
@@ -145,10 +160,12 @@ def form_shares(pre_none, constant, parts: dict) -> dict[str, np.ndarray]:
     `square_part` (the smaller side's part of the direction a square reads, `sqrt|self|` of
     it over the sum of both sides'), each `[n]`,
     from `pre_none, constant [n]` and `parts` (`FORM_PARTS`, each `[n]`). NaN where the
-    pre-activation less its constant is not positive: no share of nothing."""
+    pre-activation less its constant is not positive (no share of nothing) or under
+    `LEAST_TOTAL` of its parts' sizes."""
     total = np.asarray(pre_none, dtype=float) - np.asarray(constant, dtype=float)
-    scale = np.where(total > 0, total, np.nan)
     part = {k: np.asarray(parts[k], dtype=float) for k in FORM_PARTS}
+    size = sum(np.abs(part[k]) for k in ("own_a", "own_b", "cross", "rest"))
+    scale = np.where((total > 0) & (total >= LEAST_TOTAL * size), total, np.nan)
     same = part["self_a"] * part["self_b"] > 0
     root = np.sign(part["self_a"]) * np.sqrt(np.where(same, part["self_a"] * part["self_b"], np.nan))
     along = np.sqrt(np.abs(np.stack([part["self_a"], part["self_b"]])))  # each side's value along the direction
@@ -200,19 +217,29 @@ def gate_types(keep_a, keep_b, keep_ab, limits: GateThresholds, form: dict | Non
     if form is not None:
         f = {k: np.asarray(v, dtype=float) for k, v in form.items()}
         with np.errstate(invalid="ignore"):  # NaN shares satisfy no rule
+            # a square that raises the output (a negative square_share) is an inhibition, not one concept
             square = ((f["square_fit"] >= limits.square) & (f["square_fit"] <= 1 / limits.square)
-                      & (np.abs(f["square_share"]) >= limits.bilinear_cross) & (f["square_part"] >= limits.matter))
+                      & (f["square_share"] >= limits.bilinear_cross) & (f["square_part"] >= limits.matter))
             # indefinite: an opposite-sign eigenvalue pair on the sides (|fit| > 1, or self terms of two signs)
             indefinite = ~(np.abs(f["square_fit"]) <= 1 / limits.square)
+            # removing a side takes its cross term and its own terms; the rest is what removing both leaves
+            takes = ((f["cross_share"] + f["own_a_share"] >= limits.bilinear_cross)
+                     & (f["cross_share"] + f["own_b_share"] >= limits.bilinear_cross)
+                     & (f["rest_share"] <= 1 - limits.bilinear_cross))
             bilinear = ((f["cross_share"] >= limits.bilinear_cross) & (f["own_a_share"] <= limits.bilinear_own)
-                        & (f["own_b_share"] <= limits.bilinear_own) & indefinite)
+                        & (f["own_b_share"] <= limits.bilinear_own) & takes & indefinite)
+        unformed = ~np.isfinite(f["cross_share"])
         layer = [(square, "square"), (bilinear, "and")]
+    else:
+        unformed = np.zeros(a.shape, dtype=bool)
+    activation_and = (high <= limits.need) & (a + b - ab <= 1 - limits.cross)
     rules = [
         (~np.isfinite(a) | ~np.isfinite(b) | ~np.isfinite(ab), "untested"),
         *layer,
         (low >= 1 + limits.rise, "xor-like"),
         (high >= 1 + limits.rise, "inhibition"),
-        ((high <= limits.need) & (a + b - ab <= 1 - limits.cross), "threshold"),
+        (activation_and & unformed, "and-unformed"),
+        (activation_and, "threshold"),
         ((low >= limits.suffice) & (ab <= limits.need), "or"),
         (~matters(low), "neither"),
         (~matters(high) & (np.abs(low - ab) < limits.matter), "one-sided"),

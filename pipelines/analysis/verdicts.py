@@ -98,16 +98,19 @@ class VerdictConfig(Config):
     cross: float = option(0.25, "a threshold (activation-level) and's cross term carries at least this share of the "
                                 "output's activation (its synergy)", low=0.0, high=1.0)
     bilinear_cross: float = option(0.5, "a bilinear and's cross term 2 x_A^T Q x_B carries at least this share of the "
-                                        "output's pre-activation less its constant, the norm frozen: the paper's strong "
-                                        "positive interaction, each side then necessary by `need` before any cut-off "
-                                        "(circuits.gates.types)", low=0.0, high=1.0)
+                                        "output's pre-activation less its constant, the norm frozen, and removing "
+                                        "either side (its cross and own terms) takes at least this share, the rest at "
+                                        "most 1 minus it: the paper's strong positive interaction, each side then "
+                                        "necessary by `need` before any cut-off (circuits.gates.types)",
+                                   low=0.0, high=1.0)
     bilinear_own: float = option(0.2, "... each side's own terms (self term and products with the rest of the input) "
                                       "add at most this share, a side alone below `matter`, and the 2x2 form on the "
                                       "sides is indefinite beyond the square band: the paper's negligible "
                                       "self-interactions and opposite eigenvalue pair", low=0.0, high=1.0)
-    square: float = option(0.8, "two sides are one direction squared (split, ranked last) when their cross term lies "
-                                "within this factor of 2 sqrt(self_a self_b), same sign, and their 2x2 form carries "
-                                "bilinear_cross of the pre-activation", low=0.01, high=1.0)
+    square: float = option(0.8, "two sides are one direction squared (a rank-one form; split, ranked last) when their "
+                                "cross term lies within this factor of 2 sqrt(self_a self_b) of their self terms, same "
+                                "sign, and their 2x2 form adds at least bilinear_cross of the pre-activation",
+                           low=0.01, high=1.0)
     suffice: float = option(0.7, "a side alone suffices when removing the other keeps at least this share", low=0.0)
     matter: float = option(0.2, "a side matters when removing it takes away at least this share", low=0.0, high=1.0)
     rise: float = option(0.1, "removing a side inhibits when the output rises by at least this share", low=0.0)
