@@ -469,3 +469,56 @@ def test_html_in_labels_runs_no_script_in_the_viewer(run, tmp_path):
     assert any(XSS in t for t in texts), texts[:5]  # the label reached the tooltip, as text
     # no '<' left where the viewer inserts text as HTML (the labels, and the prompt's tokens in token nodes' labels)
     assert not [t for t in data["metadata"]["prompt_tokens"] if "<" in t] and not [n for n in data["nodes"] if "<" in n["clerp"]]
+
+
+def test_script_in_the_viewers_url_runs_nothing(run):
+    """circuit-tracer's viewer takes node labels from its URL (`?clerps=[[feature, label]]`) and
+    its tooltip inserts them as HTML, so a link could run an `<img onerror>` on hover. The
+    server's Content-Security-Policy runs only the page's own scripts: hovering every node
+    with such a label runs nothing, and the only thing the policy blocks is that handler."""
+    from urllib.parse import quote
+
+    from tests.test_explorer import chromium_path
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed")
+    if chromium_path() is None or not (JETPACK.is_file() and DAGRE.is_file()):
+        pytest.skip("needs Debian's chromium and npm's d3-jetpack and dagre (make install fetches them)")
+    from pipelines.engine.paths import RunPaths
+    from pipelines.graph.serve import graph_server, viewer_path
+
+    slug = _last_slug(run)
+    nodes = json.loads((run / "graphs" / f"{slug}.json").read_text())["nodes"]
+    # labels are keyed by feature index; a logit's label carries its probability, which the viewer parses
+    tokens = {n["feature"] for n in nodes if n["feature_type"] in ("logit", "embedding")}
+    keys = {n["feature"] for n in nodes if n["feature_type"] != "logit" and n["feature_type"] != "embedding"} - tokens
+    assert -1 in keys  # the reconstruction error nodes, as in the report's `clerps=[["-1", ...]]`
+    clerps = json.dumps([[str(k), XSS] for k in sorted(keys)])
+    server = graph_server(RunPaths(run), 0)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    errors, shown = [], []
+    try:
+        with sync_playwright() as p:
+            browser, page = _viewer_page(p, port, errors)
+            page.add_init_script("""window.__blocked = [];
+                document.addEventListener('securitypolicyviolation', e => window.__blocked.push(e.violatedDirective))""")
+            page.goto(f"http://127.0.0.1:{port}/{viewer_path(slug)}&clerps={quote(clerps)}")
+            page.wait_for_function("document.querySelectorAll('.link-graph text.node').length > 0", timeout=20000)
+            marks = page.eval_on_selector_all(".link-graph text.node", """els => els.map(e => {
+                const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]})""")
+            for x, y in marks:
+                page.mouse.move(x, y)
+                page.wait_for_timeout(30)
+                shown.append(page.eval_on_selector(".tooltip", "t => t.querySelectorAll('img[onerror]').length"))
+            page.wait_for_timeout(300)  # an image's error event fires after it fails to load
+            ran, blocked = page.evaluate("[window.__xss || 0, window.__blocked]")
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not errors, errors
+    assert marks and any(shown)  # the URL's label reached the tooltip as markup
+    assert ran == 0 and blocked and set(blocked) == {"script-src-attr"}, (ran, blocked)
