@@ -779,6 +779,40 @@ def browser():
     shutil.rmtree(profile, ignore_errors=True)
 
 
+def test_the_served_explorer_runs_under_the_servers_script_policy(browser, tmp_path):
+    """`explore --serve` sends HTML with a Content-Security-Policy that runs only the page's own
+    scripts (`pipelines.engine.server.content_policy`): served over HTTP, the index, a layer's
+    and a feature's pages render with their Plotly figures and the policy blocks nothing."""
+    run = synthetic_run(tmp_path / "run", layers=(0,))
+    write_explorer(run)
+    server = make_server(run.explorer, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    page = browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "404" not in m.text else None)
+    page.on("response", lambda r: errors.append(r.url) if r.status >= 400 and not r.url.endswith("/favicon.ico") else None)
+    try:
+        page.add_init_script("""window.__blocked = [];
+            document.addEventListener('securitypolicyviolation', e => window.__blocked.push(e.violatedDirective))""")
+        response = page.goto(f"http://127.0.0.1:{server.server_address[1]}/")
+        assert "script-src 'self'" in response.headers["content-security-policy"]
+        drawn = {}
+        for route, plot in [("#/", None), ("#/layer/0", "#hist-gate"), ("#/out/0/1", "#heatmap")]:
+            page.evaluate(f"location.hash = {json.dumps(route)}")
+            page.wait_for_function("document.getElementById('main').dataset.ready === '1'", timeout=30000)
+            if plot:
+                page.wait_for_selector(f"{plot} .main-svg", timeout=30000)
+                drawn[route] = page.locator(f"{plot} .main-svg").count()
+        blocked = page.evaluate("window.__blocked")
+    finally:
+        page.close()
+        server.shutdown()
+        server.server_close()
+    assert blocked == [] and not errors, (blocked, errors)
+    assert all(n >= 1 for n in drawn.values()) and len(drawn) == 2
+
+
 class Page:
     """A page of the explorer, with the console errors and the requests it made."""
 

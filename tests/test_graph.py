@@ -417,21 +417,62 @@ def test_graph_names_never_collide_and_a_rerun_replaces_only_its_own(run, tmp_pa
 XSS = '<img src=x onerror="window.__xss = (window.__xss || 0) + 1">'
 
 
+def _skip_without_viewer_browser() -> None:
+    from tests.test_explorer import chromium_path
+
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.skip("playwright is not installed")
+    if chromium_path() is None or not (JETPACK.is_file() and DAGRE.is_file()):
+        pytest.skip("needs Debian's chromium and npm's d3-jetpack and dagre (make install fetches them)")
+
+
+def _hover_every_node(out: Path, url: str) -> dict:
+    """Serve the run `out` as `graph --serve` does, open the viewer at `url` (relative to the
+    server) and hover each node: the page errors, the nodes' positions, the tooltip each showed
+    (its text, its element count, its `img[onerror]` count), how many times `XSS` ran, the
+    images in the page and the Content-Security-Policy directives that blocked something."""
+    from playwright.sync_api import sync_playwright
+
+    from pipelines.engine.paths import RunPaths
+    from pipelines.graph.serve import graph_server
+
+    server = graph_server(RunPaths(out), 0)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    seen = {"errors": [], "shown": []}
+    try:
+        with sync_playwright() as p:
+            browser, page = _viewer_page(p, port, seen["errors"])
+            page.add_init_script("""window.__blocked = [];
+                document.addEventListener('securitypolicyviolation', e => window.__blocked.push(e.violatedDirective))""")
+            page.goto(f"http://127.0.0.1:{port}/{url}")
+            page.wait_for_function("document.querySelectorAll('.link-graph text.node').length > 0", timeout=20000)
+            seen["marks"] = page.eval_on_selector_all(".link-graph text.node", """els => els.map(e => {
+                const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]})""")
+            for x, y in seen["marks"]:
+                page.mouse.move(x, y)
+                page.wait_for_timeout(30)
+                seen["shown"].append(page.eval_on_selector(".tooltip", """t => [t.textContent,
+                    t.querySelectorAll('*').length, t.querySelectorAll('img[onerror]').length]"""))
+            page.wait_for_timeout(300)  # an image's error event fires after it fails to load
+            seen["ran"], seen["images"], seen["blocked"] = page.evaluate(
+                "[window.__xss || 0, document.querySelectorAll('img').length, window.__blocked]")
+            browser.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    return seen
+
+
 def test_html_in_labels_runs_no_script_in_the_viewer(run, tmp_path):
     """Issue 51, item 3: a label holding HTML reached each node's `clerp`, which the viewer's
     tooltip inserts as HTML, and ran script on hover. With every feature description (what the
     labels become) and the prompt carrying an `<img onerror>`, hovering every node of circuit-
     tracer's viewer, served by `graph --serve`'s server, runs nothing and shows the text."""
-    from tests.test_explorer import chromium_path
-
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed")
-    if chromium_path() is None or not (JETPACK.is_file() and DAGRE.is_file()):
-        pytest.skip("needs Debian's chromium and npm's d3-jetpack and dagre (make install fetches them)")
-    from pipelines.engine.paths import RunPaths
-    from pipelines.graph.serve import graph_server, viewer_path
+    _skip_without_viewer_browser()
+    from pipelines.graph.serve import viewer_path
 
     out = _copy_run(run, tmp_path)
     for part in (out / "tables" / "features").rglob("*.parquet"):
@@ -441,31 +482,36 @@ def test_html_in_labels_runs_no_script_in_the_viewer(run, tmp_path):
     slug = json.loads((out / "graphs" / "graph-metadata.json").read_text())["graphs"][-1]["slug"]
     data = json.loads((out / "graphs" / f"{slug}.json").read_text())
     assert any(XSS in n["clerp"].replace("&lt;", "<").replace("&gt;", ">") for n in data["nodes"])
-    server = graph_server(RunPaths(out), 0)
-    port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    errors, shown = [], []
-    try:
-        with sync_playwright() as p:
-            browser, page = _viewer_page(p, port, errors)
-            page.goto(f"http://127.0.0.1:{port}/{viewer_path(slug)}")
-            page.wait_for_function("document.querySelectorAll('.link-graph text.node').length > 0", timeout=20000)
-            marks = page.eval_on_selector_all(".link-graph text.node", """els => els.map(e => {
-                const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]})""")
-            for x, y in marks:
-                page.mouse.move(x, y)
-                page.wait_for_timeout(30)
-                shown.append(page.eval_on_selector(".tooltip", "t => [t.textContent, t.querySelectorAll('*').length]"))
-            page.wait_for_timeout(300)  # an image's error event fires after it fails to load
-            ran = page.evaluate("window.__xss || 0")
-            images = page.evaluate("document.querySelectorAll('img').length")
-            browser.close()
-    finally:
-        server.shutdown()
-        server.server_close()
+    seen = _hover_every_node(out, viewer_path(slug))
+    errors, marks, shown, ran, images = (seen[k] for k in ("errors", "marks", "shown", "ran", "images"))
     assert not errors, errors
     assert len(marks) == len(data["nodes"]) and ran == 0 and images == 0
-    texts = [text for text, _ in shown]
+    texts = [text for text, _, _ in shown]
     assert any(XSS in t for t in texts), texts[:5]  # the label reached the tooltip, as text
     # no '<' left where the viewer inserts text as HTML (the labels, and the prompt's tokens in token nodes' labels)
     assert not [t for t in data["metadata"]["prompt_tokens"] if "<" in t] and not [n for n in data["nodes"] if "<" in n["clerp"]]
+
+
+def test_script_in_the_viewers_url_runs_nothing(run):
+    """circuit-tracer's viewer takes node labels from its URL (`?clerps=[[feature, label]]`) and
+    its tooltip inserts them as HTML, so a link could run an `<img onerror>` on hover. The
+    server's Content-Security-Policy runs only the page's own scripts: hovering every node
+    with such a label runs nothing, and the only thing the policy blocks is that handler."""
+    from urllib.parse import quote
+
+    from pipelines.graph.serve import viewer_path
+
+    _skip_without_viewer_browser()
+
+    slug = _last_slug(run)
+    nodes = json.loads((run / "graphs" / f"{slug}.json").read_text())["nodes"]
+    # labels are keyed by feature index; a logit's label carries its probability, which the viewer parses
+    tokens = {n["feature"] for n in nodes if n["feature_type"] in ("logit", "embedding")}
+    keys = {n["feature"] for n in nodes if n["feature_type"] != "logit" and n["feature_type"] != "embedding"} - tokens
+    assert -1 in keys  # the reconstruction error nodes, as in the report's `clerps=[["-1", ...]]`
+    clerps = json.dumps([[str(k), XSS] for k in sorted(keys)])
+    seen = _hover_every_node(run, f"{viewer_path(slug)}&clerps={quote(clerps)}")
+    errors, marks, shown, ran, blocked = (seen[k] for k in ("errors", "marks", "shown", "ran", "blocked"))
+    assert not errors, errors
+    assert marks and any(n for _, _, n in shown)  # the URL's label reached the tooltip as markup
+    assert ran == 0 and blocked and set(blocked) == {"script-src-attr"}, (ran, blocked)

@@ -85,7 +85,7 @@ ATTACKS = [
     "/graphs/%2ehidden.json", "/viewer/../lm/config.json", "/../outside.json", "/viewer/data/g.json%00.html",
     "/viewer/data/%ff%fe", "relative/path",
     # item 11: folders are not files
-    "/viewer/data/features", "/viewer/data/features/", "/graphs/",
+    "/viewer/data/features/", "/graphs/",
 ]
 
 
@@ -167,10 +167,153 @@ def test_an_idle_connection_is_dropped(run, monkeypatch):
 
 def test_a_folder_request_prints_no_traceback(served, capfd):
     """Item 11: `/data/features` gave a 200 line, then a 500 and a traceback in the terminal."""
-    assert request(served, "/viewer/data/features")[0] == 404
-    assert request(served, "/viewer/graph_data/features")[0] == 404
+    assert request(served, "/viewer/data/features/")[0] == 404
+    assert request(served, "/viewer/graph_data/features/")[0] == 404
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Error" not in err
+
+
+def test_a_name_the_file_system_refuses_is_a_404_without_traceback(served, run, capfd):
+    """A name longer than the file system takes (ENAMETOOLONG) or a folder it may not read
+    (EACCES) was asked about outside the handler's error mapping: a traceback and an empty reply."""
+    long = "a" * 300
+    for path in ("/" + long, f"/viewer/{long}", f"/graphs/{long}/g.json", f"/viewer/data/{long}/"):
+        assert request(served, path)[0] == 404, path
+    if os.geteuid() != 0:  # root reads any folder
+        locked = run / "graphs" / "locked"
+        (locked / "inner").mkdir(parents=True)
+        locked.chmod(0)
+        try:
+            for path in ("/graphs/locked/inner", "/graphs/locked/inner/", "/graphs/locked/x.json"):
+                assert request(served, path)[0] == 404, path
+        finally:
+            locked.chmod(0o755)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error" not in err
+
+
+def test_a_folder_without_its_slash_is_redirected_and_a_file_with_one_is_not_found(served):
+    """Without the redirect, `/viewer` served index.html at a URL whose relative links
+    (`./style.css`) resolve outside the viewer's folder; `/g.json/` served the file."""
+    port = served.server_address[1]
+    for path, where in [("/viewer", "/viewer/"), ("/viewer?slug=g", "/viewer/?slug=g"),
+                        ("/viewer/data/features", "/viewer/data/features/"), ("/graphs", "/graphs/"),
+                        ("/viewer/attribution_graph", "/viewer/attribution_graph/")]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", path)
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        assert (response.status, response.getheader("Location")) == (301, where), path
+    assert request(served, "/viewer/")[0] == 200
+    for path in ("/viewer/index.html/", "/graphs/g.json/", "/viewer/data/g.json/", "/viewer/style.css/"):
+        assert request(served, path)[0] == 404, path
+
+
+def _headers(server, path: str) -> http.client.HTTPResponse:
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response
+
+
+def test_html_pages_forbid_inline_script_but_their_own(served, run):
+    """The viewer shows labels from its URL (`?clerps=`, `?supernodes=`) as HTML: a policy that
+    runs only the page's own scripts keeps an `<img onerror>` there inert (the browser side is
+    tests/test_graph.py's `test_script_in_the_viewers_url_runs_nothing`)."""
+    import base64
+    import hashlib
+    import re
+
+    from pipelines.graph.serve import viewer_assets
+
+    html = (viewer_assets() / "index.html").read_text()
+    inline = re.findall(r"<script>(.*?)</script>", html, re.S)
+    hosts = {m.group(1) for m in re.finditer(r"<script src=['\"](https://[^/'\"]+)/", html)}
+    assert inline and hosts  # the page this guards: one inline script, scripts from the web
+    policy = _headers(served, "/viewer/index.html").getheader("Content-Security-Policy")
+    script_src = next(d for d in policy.split(";") if d.split()[0] == "script-src").split()
+    want = {"'sha256-" + base64.b64encode(hashlib.sha256(s.encode()).digest()).decode() + "'" for s in inline}
+    assert want <= set(script_src) and hosts <= set(script_src) and "'self'" in script_src
+    assert "'unsafe-inline'" not in script_src and "'unsafe-hashes'" not in script_src and "*" not in script_src
+    (run / "explorer" / "index.html").write_text("<p>x</p><script>go(1)</script><SCRIPT type=module>go(2)</SCRIPT>")
+    policy = _headers(served, "/").getheader("Content-Security-Policy")
+    for body in ("go(1)", "go(2)"):
+        assert "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'" in policy
+    assert _headers(served, "/graphs/g.json").status == 200
+
+
+def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") -> bool:
+    """Whether the server closes `sock` within `seconds` while the client sends `trickle` one
+    byte every 0.2 s (a bounded local client: it stops after `seconds`)."""
+    sock.settimeout(0.2)
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        try:
+            if sock.recv(1) == b"":
+                return True
+        except TimeoutError:
+            pass
+        except ConnectionError:
+            return True
+        if trickle:
+            try:
+                sock.sendall(trickle[i % len(trickle):i % len(trickle) + 1])
+            except (ConnectionError, BrokenPipeError):
+                return True
+            i += 1
+    return False
+
+
+def test_a_request_trickled_byte_by_byte_is_dropped_at_the_deadline(run, monkeypatch):
+    """Slowloris: the timeout was per receive, so a byte every few seconds kept a thread forever;
+    reading the request line and headers now has one deadline."""
+    from pipelines.engine import server as module
+
+    monkeypatch.setattr(module._Handler, "timeout", 1)
+    server = graph_server(RunPaths(run), 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        slow = socket.create_connection(server.server_address[:2])
+        start = time.monotonic()
+        try:
+            assert _closed_within(slow, 4, b"GET /viewer/data/g.json HTTP/1.0\r\nX-A: " + b"a" * 200)
+        finally:
+            slow.close()
+        assert time.monotonic() - start < 3
+        assert request(server, "/viewer/data/g.json")[0] == 200  # a prompt client still gets its file
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_connections_past_the_cap_are_closed_at_once(run, monkeypatch):
+    """The thread count had no cap; past `max_connections` open ones a new connection is closed
+    at once, and served again once the others go."""
+    server = graph_server(RunPaths(run), 0)
+    monkeypatch.setattr(server, "max_connections", 3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    idle = []
+    try:
+        idle = [socket.create_connection(server.server_address[:2]) for _ in range(3)]
+        time.sleep(0.3)  # each has its thread
+        extra = socket.create_connection(server.server_address[:2])
+        try:
+            assert _closed_within(extra, 3)
+        finally:
+            extra.close()
+        for sock in idle:
+            sock.close()
+        time.sleep(0.3)
+        assert request(server, "/viewer/data/g.json")[0] == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        server.shutdown()
+        server.server_close()
 
 
 # ------------------------------------------------------------------ the commands
