@@ -48,7 +48,7 @@ def _tested(rows: pd.DataFrame) -> int:
 def findings(run: Path) -> list[tuple[str, str]]:
     """(what, figure) rows of a finished demo run."""
     rows = []
-    lm = json.loads((run / "lm" / "summary.json").read_text())
+    lm = json.loads(RunPaths(run).model.summary.read_text())
     rows.append(("LM held-out loss (unigram entropy)",
                  f"{lm['held_out_loss']:.3f} nats ({lm['unigram_entropy']:.2f}); {lm['bits_per_byte']:.3f} bits per byte"))
     if "negated_accuracy" in lm:

@@ -29,7 +29,9 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an installed copy
 
 from circuits.gates.types import layer_shares  # noqa: E402
+from circuits.sites import OUTPUT_SITE  # noqa: E402
 from pipelines.analysis.verdicts import VerdictConfig, confirmations, drops  # noqa: E402
+from pipelines.engine.paths import RunPaths  # noqa: E402
 from sae.io import load_sae  # noqa: E402
 
 KINDS = {"pair": ("pair_gates", "gate_ablation", ("in_a", "in_b")),
@@ -40,8 +42,9 @@ KEYS = ["layer", "outputs", "input_site", "out_feature"]
 def constants(run: Path, layer: int) -> np.ndarray:
     """`[n_out]`: each output's pre-activation with no MLP input (the MLP's biases through the
     output SAE's encoder), from the run's model and output SAE."""
-    state = load_file(run / "lm" / "model.safetensors")
-    sae = load_sae(run / "saes" / f"layer{layer}_mlp_out").weights
+    paths = RunPaths(run)
+    state = load_file(paths.model.weights)
+    sae = load_sae(paths.sae(layer, OUTPUT_SITE)).weights
     bias = state[f"blocks.{layer}.mlp.b_in"] @ state[f"blocks.{layer}.mlp.W_out"] + state[f"blocks.{layer}.mlp.b_out"]
     return sae.pre(bias.to(sae.W_enc.dtype)).detach().numpy()
 
@@ -49,7 +52,7 @@ def constants(run: Path, layer: int) -> np.ndarray:
 def top_tokens(run: Path) -> dict[tuple[int, int], str]:
     """(layer, input feature) -> its top token, for the input SAE's features."""
     features = pd.read_parquet(run / "tables" / "features")
-    mine = features[features["site"] != "mlp_out"]
+    mine = features[features["site"] != OUTPUT_SITE]
     return {(int(l), int(f)): t for l, f, t in zip(mine["layer"], mine["feature"], mine["top_token"]) if isinstance(t, str)}
 
 

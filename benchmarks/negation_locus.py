@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from circuits.sites import RESID_MID  # noqa: E402
 from pipelines import schemas  # noqa: E402
 from pipelines.analysis.negation import NegationScan, describe_locus, scan_negation  # noqa: E402
 from pipelines.analysis.verdicts import VerdictConfig  # noqa: E402
@@ -42,7 +43,7 @@ def scan(folder: Path, rows: int) -> dict:
     config = read_json(run.demo_config) or {}
     rules = VerdictConfig.from_json(config["verdicts"]["rules"]) if "verdicts" in config else VerdictConfig()
     lm = ModelInputs(run.lm)
-    plans = plan_layers(run, lm, list(range(lm.config.n_layers)), None, "resid_mid")
+    plans = plan_layers(run, lm, list(range(lm.config.n_layers)), None, RESID_MID)
     plans = {layer: plan for layer, plan in plans.items() if plan.has_saes()}
     features, labels = (schemas.read(run.tables, n, list(plans)) for n in ("features", "feature_labels"))
     return scan_negation(lm, open_token_store(stores[0]), plans, features, labels, rules, NegationScan(rows=rows))

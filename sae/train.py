@@ -136,7 +136,7 @@ def run_training(
             trainer.load_state_dict(resume["trainers"][name(key)])
         stream.restore(resume["stream"])
         step = resume["step"]
-    bar = tqdm(total=cfg.train_steps, initial=step, desc=f"train {len(trainers)} SAE(s)", unit="step")
+    bar = tqdm(total=cfg.train_steps, initial=step, desc=f"train {len(trainers)} SAE{'' if len(trainers) == 1 else 's'}", unit="step")
     batches = iter(stream)
     started, done_since = time.perf_counter(), 0
     while step < cfg.train_steps:

@@ -281,7 +281,11 @@ def test_a_feature_without_tables_is_computed_alone_with_the_runs_numbers(small_
     ours = feature.pair_gates.merge(pairs, on=["in_a", "in_b"], suffixes=("", "_run"))
     assert len(ours) == len(pairs) == len(feature.pair_gates) > 0
     assert (ours["gate_type"] == ours["gate_type_run"]).all()
-    np.testing.assert_allclose(ours["causal_score"], ours["causal_score_run"], rtol=1e-4, atol=1e-6)
+    # the layer's shortlist (its best candidates across every output) is retested on more tokens: a
+    # feature judged alone has another shortlist, so only candidates read on as many tokens compare
+    same = ours[ours["iv_tokens"] == ours["iv_tokens_run"]]
+    assert len(same) >= len(ours) // 2
+    np.testing.assert_allclose(same["causal_score"], same["causal_score_run"], rtol=1e-4, atol=1e-6)
     assert len(feature.verdicts) >= 1 and feature.verdicts["verdict"].notna().all()
 
 

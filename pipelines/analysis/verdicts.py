@@ -487,6 +487,8 @@ def verdict_rows(pairs: pd.DataFrame, groups: pd.DataFrame, pair_ablation: pd.Da
     for column in ("circuit_rank", "in_a", "in_b", "group_a", "group_b", "both_tokens", "apart_tokens"):
         if column in frame:
             frame[column] = frame[column].astype("Int64")
+    if "truth_and" in frame:  # null where not measured: one dtype whether or not a row is
+        frame["truth_and"] = frame["truth_and"].astype("boolean")
     return frame
 
 
