@@ -75,8 +75,8 @@ def findings(run: Path) -> list[tuple[str, str]]:
             mine = verdicts[verdicts["kind"] == kind]
             ablated = mine[mine["drop_a"].notna()]
             types = mine["gate_type"].value_counts()
-            rows.append((f"{name}: tested; typed bilinear `and`, `threshold`, `square`; ablated; confirmed as AND gates",
-                         f"{_tested(mine)}; {types.get('and', 0)}, {types.get('threshold', 0)}, "
+            rows.append((f"{name}: tested; typed bilinear `and`, `threshold` or `and-unformed`, `square`; ablated; confirmed as AND gates",
+                         f"{_tested(mine)}; {types.get('and', 0)}, {types.get('threshold', 0) + types.get('and-unformed', 0)}, "
                          f"{types.get('square', 0)}; {len(ablated)}; {int(mine['is_and'].fillna(False).astype(bool).sum())}"))
         if "negation_gate" in verdicts.columns:
             tagged = verdicts[verdicts["negation_gate"].fillna(False).astype(bool)]

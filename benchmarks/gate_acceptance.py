@@ -85,7 +85,8 @@ def figures(run: Path, best: int, cfg: VerdictConfig) -> list[dict]:
             frozen = top["cross_share"].median() if "cross_share" in top else np.nan
             found.append({
                 "run": str(run), "layer": int(layer), "kind": kind, "and": int(types.get("and", 0)),
-                "threshold": int(types.get("threshold", 0)), "square": int(types.get("square", 0)),
+                "threshold": int(types.get("threshold", 0)), "and-unformed": int(types.get("and-unformed", 0)),
+                "square": int(types.get("square", 0)),
                 "best": len(top), "cross_share": frozen, "layer_cross": top["layer_cross"].median(),
                 "top token shared": sum(share_a_top_token(r, int(layer), tokens, kind) for r in top.to_dict("records")),
                 "ablated": int(checked["drop_a"].notna().sum()),
@@ -108,7 +109,7 @@ def main() -> None:
     pd.set_option("display.max_columns", 30)
     rows = [row for run in args.runs for row in figures(run, args.best, VerdictConfig())]
     frame = pd.DataFrame(rows)
-    print(f"counts: candidates typed `and` (bilinear; on older code the activation-level and), `threshold`, `square`; "
+    print(f"counts: candidates typed `and` (bilinear; on older code the activation-level and), `threshold`, `and-unformed`, `square`; "
           f"of the {args.best} best by circuit_rank: median cross-term share (frozen norm; layer_cross as the layer "
           f"computes it), how many share a top token, how many were ablated, and how many each model-run measure "
           f"confirms (mlp and logprob read no TopK; sae is the SAE's activation)")
