@@ -19,21 +19,20 @@ and reject every other planted output.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import sys
-
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import torch
 
-from circuits.layer import CircuitConfig
-from pipelines.analysis.features import FeatureConfig
-from pipelines.analysis.verdicts import VerdictConfig
-from pipelines.planted import PlantedConfig, analyse, build_world, score
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+# this checkout's packages, not an installed copy of another one; results_file, beside this script
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+from circuits.layer import CircuitConfig  # noqa: E402
+from pipelines.analysis.features import FeatureConfig  # noqa: E402
+from pipelines.analysis.verdicts import VerdictConfig  # noqa: E402
+from pipelines.planted import PlantedConfig, analyse, build_world, score  # noqa: E402
 from results_file import add_output, run_recorded  # noqa: E402
 
 OUTPUT = "bench_planted_circuits.txt"  # under benchmarks/results/

@@ -28,6 +28,8 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an installed copy
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+from results_file import add_output, recorded  # noqa: E402
 from circuits.gates.types import layer_shares  # noqa: E402
 from circuits.sites import OUTPUT_SITE  # noqa: E402
 from pipelines.analysis.verdicts import VerdictConfig, confirmations, drops  # noqa: E402
@@ -103,14 +105,20 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (a finished demo's --out)")
     parser.add_argument("--best", type=int, default=8, help="best candidates of each kind per layer read "
                                                             "(default: %(default)s, the verdicts' n_ablate)")
+    add_output(parser, "gate_acceptance.txt")
     args = parser.parse_args()
     torch.set_num_threads(1)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)
     rows = [row for run in args.runs for row in figures(run, args.best, VerdictConfig())]
     frame = pd.DataFrame(rows)
+    with recorded(args.output):
+        _print(frame, args.best)
+
+
+def _print(frame: pd.DataFrame, best: int) -> None:
     print(f"counts: candidates typed `and` (bilinear; on older code the activation-level and), `threshold`, `and-unformed`, `square`; "
-          f"of the {args.best} best by circuit_rank: median cross-term share (frozen norm; layer_cross as the layer "
+          f"of the {best} best by circuit_rank: median cross-term share (frozen norm; layer_cross as the layer "
           f"computes it), how many share a top token, how many were ablated, and how many each model-run measure "
           f"confirms (mlp and logprob read no TopK; sae is the SAE's activation)")
     print(frame.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
