@@ -6,11 +6,13 @@ the chosen layers. The CLI fills the job configs from its flags; a library calle
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipelines.data.corpus import CorpusConfig
-from pipelines.engine.paths import RunPaths
-from pipelines.inputs import ModelInputs, StageInputs, trained_corpus
-from pipelines.runtime import Runtime
+if TYPE_CHECKING:  # the command line imports this module to build its parser: torch waits for a command
+    from pipelines.data.corpus import CorpusConfig
+    from pipelines.engine.paths import RunPaths
+    from pipelines.inputs import ModelInputs, StageInputs
+    from pipelines.runtime import Runtime
 
 TABLE_STAGES = ("circuits", "features", "verdicts")  # modules of pipelines.stages, one command each, in this order
 
@@ -19,6 +21,8 @@ def corpus_source(run: RunPaths, model_dir: Path, source: str | None = None) -> 
     """The corpus to read and the reading settings it was recorded with (None: none known, the
     defaults apply): `source` when given, else the corpus the model was trained on, else the
     run's built-in corpus with its lexicon."""
+    from pipelines.inputs import trained_corpus
+
     recorded = trained_corpus(model_dir)
     if source is not None:
         same = recorded is not None and Path(recorded[0]).resolve() == Path(source).resolve()
@@ -26,15 +30,23 @@ def corpus_source(run: RunPaths, model_dir: Path, source: str | None = None) -> 
     if recorded is not None:
         return recorded
     if run.corpus.is_dir():
-        from pipelines.data.story_corpus import story_lexicon
-
-        return str(run.corpus), story_lexicon(run.corpus, CorpusConfig())
+        return str(run.corpus), builtin_corpus_config(run.corpus)
     raise FileNotFoundError(f"no corpus known for the model {model_dir}: pass a corpus")
+
+
+def builtin_corpus_config(folder: Path) -> CorpusConfig:
+    """The reading settings of the built-in story corpus in `folder`: the defaults with the
+    lexicon it ships."""
+    from pipelines.data.corpus import CorpusConfig
+    from pipelines.data.story_corpus import story_lexicon
+
+    return story_lexicon(folder, CorpusConfig())
 
 
 def stage_inputs(run: RunPaths, inputs: ModelInputs, source: str, corpus: CorpusConfig) -> StageInputs:
     """The analysis stages' inputs: the run, the model, and the corpus's token store (built
     once for this tokenizer and context, then reused)."""
+    from pipelines.inputs import StageInputs
     from pipelines.stages import ensure_tokens
 
     store = ensure_tokens(run, source, inputs.tokenizer, inputs.config.n_ctx, corpus)

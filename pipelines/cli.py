@@ -128,14 +128,6 @@ class _Context:
         return stage_inputs(self.run, self.inputs, *self.corpus())
 
 
-def _builtin_labels(folder: Path):
-    """The built-in corpus ships its lexicon: the flags' defaults read it."""
-    from pipelines.data.corpus import CorpusConfig
-    from pipelines.data.story_corpus import story_lexicon
-
-    return story_lexicon(folder, CorpusConfig())
-
-
 # ------------------------------------------------------------------ commands
 
 
@@ -150,6 +142,7 @@ def cmd_corpus(args: argparse.Namespace) -> None:
 
 
 def cmd_train_lm(args: argparse.Namespace) -> None:
+    from pipelines.calls import builtin_corpus_config
     from pipelines.data.corpus import CorpusConfig
     from pipelines.data.stories import StoryConfig
     from pipelines.data.tokenizer import TokenizerConfig
@@ -169,7 +162,7 @@ def cmd_train_lm(args: argparse.Namespace) -> None:
     source = args.corpus
     if source is None:
         source = str(ensure_corpus(run, StoryConfig()) if not run.corpus.is_dir() else run.corpus)
-        job = job.replace(corpus=config_from(args, CorpusConfig, _builtin_labels(run.corpus)))
+        job = job.replace(corpus=config_from(args, CorpusConfig, builtin_corpus_config(run.corpus)))
     outcome = ensure_lm(run, source=source, job=job, runtime=runtime, force=args.force)
     print(f"model: {run.lm} ({model_cfg.n_layers} layers, d_model {model_cfg.d_model})")
     summary.lm(outcome)
