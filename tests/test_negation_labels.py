@@ -87,6 +87,13 @@ def test_cue_settings(tmp_path):
     (tmp_path / "empty.txt").write_text("# nothing\n")
     with pytest.raises(ValueError, match="lists no cue word"):
         negation_cues(str(tmp_path / "empty.txt"))
+    # a misspelt setting is refused where the config is made, naming the flag, not later by a digest
+    with pytest.raises(FileNotFoundError, match=r"CorpusConfig.negation \(--negation\).*'englsh' is neither"):
+        CorpusConfig(negation="englsh")
+    assert CorpusConfig(negation=str(path)).negation == str(path)
+    (tmp_path / "latin1.txt").write_bytes("n\xe9gation\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"negation cue file .* is not UTF-8 text \(byte 0xe9"):
+        negation_cues(str(tmp_path / "latin1.txt"))
     with pytest.raises(ValueError, match=r"CorpusConfig.context 'lexicon' needs CorpusConfig.lexicon"):
         CorpusConfig(context="lexicon")
     with pytest.raises(ValueError, match=r"needs CorpusConfig.label_column"):

@@ -40,6 +40,7 @@ from pipelines.engine.files import digest, text_digest
 SPANS_COLUMN = "spans"
 _LINE = object()  # a record's key for its line in a JSONL file (no column name can equal it)
 BATCH_DOCS = 2048
+NEGATION_SETTINGS = ("none", "english")  # `CorpusConfig.negation` values that name no file
 _OPENERS = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 
 
@@ -59,6 +60,9 @@ class CorpusConfig(Config):
     split_seed: int = seed_option("seed of the held-out choice")
 
     def check(self) -> None:
+        if self.negation not in NEGATION_SETTINGS and not Path(self.negation).is_file():
+            raise FileNotFoundError(f"CorpusConfig.negation (--negation) is 'none', 'english' or a file of cue words: "
+                                    f"{self.negation!r} is neither, and no such file exists")
         needs = {"lexicon": ("lexicon", "--lexicon"), "column": ("label_column", "--label-column")}.get(self.context)
         if needs is not None and getattr(self, needs[0]) is None:
             raise ValueError(f"CorpusConfig.context {self.context!r} needs CorpusConfig.{needs[0]} ({needs[1]}): the "

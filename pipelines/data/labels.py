@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from pipelines.data.corpus import NEGATION_SETTINGS
 from pipelines.data.tokenizer import WORD_START
 from pipelines.engine.files import read_text_lines
 
@@ -49,7 +50,6 @@ ENGLISH_NEGATION_CUES = frozenset({
 })
 # words after a cue that a negation's scope reaches at most (short clauses: "did not feel glad")
 NEGATION_SCOPE = 3
-NEGATION_SETTINGS = ("none", "english")  # `CorpusConfig.negation` values that name no file
 _WORD = re.compile(r"\w+(?:['’]\w+)*")
 _CLAUSE_END = re.compile(r"[.,;:!?\n\"()\u201c\u201d]")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
@@ -107,10 +107,7 @@ def negation_cues(setting: str, lowercase: bool = True) -> frozenset[str] | None
     if not path.is_file():
         raise FileNotFoundError(f"negation cue file {path} does not exist (CorpusConfig.negation is 'english', "
                                 "'none' or a file of cue words)")
-    try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except UnicodeDecodeError:
-        raise ValueError(f"negation cue file {path} is not UTF-8 text") from None
+    lines = read_text_lines(path, "negation cue file")
     words = {line.strip().lower() if lowercase else line.strip() for line in lines}
     words = {w for w in words if w and not w.startswith("#")}
     if not words:

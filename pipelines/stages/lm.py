@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from pipelines.data.corpus import CorpusConfig, corpus_digest, iter_documents
-from pipelines.data.labels import NEGATION_SETTINGS
+from pipelines.data.corpus import NEGATION_SETTINGS
 from pipelines.data.tokenizer import load_tokenizer, train_tokenizer
 from pipelines.data.tokens import TokenStore, bits_per_byte, held_out_mask, unigram_entropy
 from pipelines.engine import stamps

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 
 from pipelines.data.corpus import CorpusConfig, corpus_digest
-from pipelines.data.labels import NEGATION_SETTINGS
+from pipelines.data.corpus import NEGATION_SETTINGS
 from pipelines.data.tokens import TokenStore, build_token_store, open_token_store
 from pipelines.engine import stamps
 from pipelines.engine.files import digest, text_digest
