@@ -58,6 +58,5 @@ def recorded(output: str | None):
 
     command = "python " + " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, f"<!-- {command} -->\n{captured.getvalue()}")
     print(f"(written to {path})", file=sys.stderr)

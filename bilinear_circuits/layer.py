@@ -89,8 +89,8 @@ class Layer:
         self.descriptions = descriptions
         self.labels = labels
         self.batch_rows = batch_rows
-        self._rows = self._token_rows(tokens, texts, tokenizer, truncate)
         self._tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        self._rows = self._token_rows(tokens, texts, truncate)
         self._verdict_rows = None  # a run's held-out rows, which its verdicts stage reads (`Run.layer`)
         self._untrained = np.zeros(0, dtype=np.int64)  # token ids never listed as boosted
         self._tables: dict[str, pd.DataFrame] | None = None
@@ -109,7 +109,7 @@ class Layer:
         """The output SAE's weights (`circuits.SAEWeights`)."""
         return self._saes.sae_out.weights
 
-    def _token_rows(self, tokens, texts, tokenizer, truncate: bool):
+    def _token_rows(self, tokens, texts, truncate: bool):
         from pipelines.analysis.single import token_rows
 
         if tokens is not None and texts is not None:
@@ -118,14 +118,13 @@ class Layer:
         if texts is not None:
             if isinstance(texts, str):
                 raise ValueError("texts must be a list of strings, not one string")
-            tokenizer = tokenizer if tokenizer is not None else getattr(self.model, "tokenizer", None)
-            if tokenizer is None:
+            if self._tokenizer is None:
                 raise ValueError("tokenizer: the model has none, so pass the tokenizer of texts")
-            ids, bos = encode_texts(texts, tokenizer)
+            ids, bos = encode_texts(texts, self._tokenizer)
             return token_rows(ids, n_ctx, bos, truncate, name="texts")
         if tokens is None:
             return []
-        bos = bos_id(tokenizer if tokenizer is not None else getattr(self.model, "tokenizer", None))
+        bos = bos_id(self._tokenizer)
         return token_rows(tokens, n_ctx, bos, truncate, name="tokens")
 
     def batches(self):

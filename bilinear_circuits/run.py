@@ -220,9 +220,9 @@ class Run:
     def graphs(self) -> pd.DataFrame:
         """The graphs saved in the run (by the `graph` command or the demo): slug, prompt, the
         attributed tokens, replacement and completeness scores."""
-        from pipelines.engine.files import read_json
+        from pipelines.graph.export import read_index
 
-        saved = (read_json(self.paths.graph_index) or {}).get("graphs", [])
+        saved = read_index(self.paths.graph_index)
         nodes = self._read("graph_nodes")
         rows = []
         for g in saved:
@@ -235,7 +235,7 @@ class Run:
     def graph(self, prompt: str, config=None, truncate: bool = False) -> Graph:
         """The attribution graph of `prompt` through the run's model and the SAE pairs of every
         layer that has both (`GraphConfig` in `config`); nothing is written (see `Graph.save`)."""
-        from pipelines.graph.build import GraphConfig, build_graph, float64_model, load_layer_saes, target_id
+        from pipelines.graph.build import GraphConfig, build_graph, float64_copy, load_layer_saes, target_id
         from pipelines.jobs import GraphJob
 
         cfg = config or GraphConfig(input_site=self.input_site)
@@ -243,5 +243,5 @@ class Run:
         saes = load_layer_saes(self.paths, self._inputs, job.plan(self.paths, self._inputs, self.layers))
         if cfg.target is not None:
             target_id(cfg.target, self.tokenizer)
-        built = build_graph(prompt, float64_model(self._inputs), self.tokenizer, saes, cfg, truncate=truncate)
+        built = build_graph(prompt, float64_copy(self._inputs.model), self.tokenizer, saes, cfg, truncate=truncate)
         return Graph(built, self._read("features"))

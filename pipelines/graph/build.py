@@ -132,11 +132,6 @@ def load_layer_saes(run: RunPaths, inputs: ModelInputs, plan: dict[int, LayerPla
     return found
 
 
-def float64_model(inputs: ModelInputs):
-    """A float64 copy of the model on `GRAPH_DEVICE`."""
-    return float64_copy(inputs.model)
-
-
 def float64_copy(model):
     """A float64 copy of a `HookedTransformer` on `GRAPH_DEVICE`, the model itself untouched
     (TransformerLens prints when it casts)."""

@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 from circuits.attribution import INPUT, INPUT_ERROR, LOGIT, OUTPUT, TOKEN, strongest_path
 from circuits.sites import OUTPUT_SITE
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.build import (PromptGraph, build_graph, encode_prompt, float64_model, graph_name,
+from pipelines.graph.build import (PromptGraph, build_graph, encode_prompt, float64_copy, graph_name,
                                    load_layer_saes, target_id)
 from pipelines.graph.export import write_graph
 from pipelines.inputs import ModelInputs, check_features_describe
@@ -34,7 +34,7 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
         where = ["--prompt"] if len(prompts) == 1 else [f"prompt {i} of {len(prompts)}" for i in range(1, len(prompts) + 1)]
     for prompt, source in zip(prompts, where):
         encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, name=source)
-    model = float64_model(inputs)
+    model = float64_copy(inputs.model)
     features = read(run.tables, "features")
     done = []
     for prompt in tqdm(prompts, desc="attribution graphs", unit="prompt", disable=not progress or len(prompts) < 2):
