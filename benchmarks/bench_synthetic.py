@@ -23,10 +23,11 @@ for 4096 of its 16k features). CPU seconds per token are the training loop's pro
 divided by its tokens (data generation and evaluation left out).
 
     python benchmarks/bench_synthetic.py [--configs ...] [--seeds 0 1] [--budgets 1048576 4194304]
-        [--grid defaults|sweep] [--processes 1] [--data-device cpu] [--out benchmarks/results/synthetic]
+        [--grid defaults|short|sweep|rule] [--processes 1] [--data-device cpu] [--out benchmarks/results/synthetic]
 
 `--grid defaults` runs our defaults against sae-lens's constant rates; `--grid sweep` adds the
-recipes the defaults were chosen from (docs/results/sae-defaults.md). Results go to
+recipes the defaults were chosen from (docs/results/sae-defaults.md), and `--grid rule` the
+defaults' neighbours, one setting changed at a time (`rule_variants`). Results go to
 `<out>.jsonl` (one line per SAE), `<out>.json` and `<out>.md` (tables averaged over seeds).
 """
 
@@ -230,13 +231,27 @@ def _run_job(job: dict) -> dict:
             "settings": settings, **out}
 
 
+def rule_variants(config: str, tokens: int) -> list[tuple[str, dict]]:
+    """The defaults' neighbours, one setting changed at a time: the rule's learning rate
+    halved and doubled, a cosine over the whole run, an end fraction of 0.1, dead-latent
+    windows of 64k and 256k tokens, and sae-lens's aux-k coefficient 1."""
+    from sae.config import default_lr
+
+    spec = CONFIGS[config]
+    rule = default_lr(spec.hidden_dim, spec.d_sae, tokens // BATCH)
+    return [("rule x0.5", {"lr": rule / 2}), ("rule x2", {"lr": rule * 2}), ("cos", {"decay_fraction": 1.0}),
+            ("end 0.1", {"lr_end_fraction": 0.1}), ("dead 64k", {"dead_after_tokens": 65_536}),
+            ("dead 256k", {"dead_after_tokens": 262_144}), ("aux 1", {"aux_k_coefficient": 1.0})]
+
+
 def jobs(configs: list[str], seeds: list[int], budgets: list[int], grid: str, data: Path) -> list[dict]:
     """Every SAE to train. Ours: the defaults; for `grid == "short"` also four recipes of the
     sweep (rates m 8 and 16, "cos" and "wsd", aux-k 1); for `grid == "sweep"` learning rates
     `m * 1e-4 * sqrt(512 / d_in)` with cosine decay over the whole run or over its last fifth
     ("wsd"), and around the latter the aux-k coefficient, dead-latent window, warm-up and end
-    fraction.
-    sae-lens: its constant rates `SAE_LENS_LRS`."""
+    fraction; for `grid == "rule"` the defaults' neighbours (`rule_variants`).
+    sae-lens: its constant rates `SAE_LENS_LRS` (with `grid == "rule"`, beyond 1M tokens only
+    the three highest: lower rates did worse at every size and budget measured)."""
     out = []
     for config in configs:
         d_in = CONFIGS[config].hidden_dim
@@ -245,9 +260,13 @@ def jobs(configs: list[str], seeds: list[int], budgets: list[int], grid: str, da
             for tokens in budgets:
                 cell = {"config": config, "seed": seed, "tokens": tokens, "data": str(data)}
                 out.append({**cell, "trainer": "ours", "label": "defaults", "recipe": {}})
-                for lr in SAE_LENS_LRS:
+                for lr in SAE_LENS_LRS if grid != "rule" or tokens <= 1_048_576 else SAE_LENS_LRS[-3:]:
                     out.append({**cell, "trainer": "sae-lens", "label": f"const {lr:g}", "lr": lr})
                 if grid == "defaults":
+                    continue
+                if grid == "rule":
+                    out.extend({**cell, "trainer": "ours", "label": label, "recipe": recipe}
+                               for label, recipe in rule_variants(config, tokens))
                     continue
                 if grid == "short":
                     for m, name, recipe in ((8, "cos", {}), (8, "wsd", {"decay_fraction": 0.2}),
@@ -341,7 +360,7 @@ def main() -> None:
                         choices=sorted(CONFIGS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--budgets", nargs="+", type=int, default=[1_048_576, 4_194_304], help="training tokens")
-    parser.add_argument("--grid", choices=("defaults", "short", "sweep"), default="defaults")
+    parser.add_argument("--grid", choices=("defaults", "short", "sweep", "rule"), default="defaults")
     parser.add_argument("--processes", type=int, default=1, help="SAEs trained at once, one thread each")
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "bench_synthetic",
                         help="folder of the generated activations (reused when present)")
