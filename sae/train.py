@@ -115,14 +115,13 @@ def run_training(
     trainers: dict,
     stream: Stream,
     cfg: SAETrainConfig,
-    device: str = "cpu",
     checkpoint: Callable[[dict], None] | None = None,
     resume: dict | None = None,
     on_step: Callable[[], None] | None = None,
     name: Callable[[Hashable], str] = str,
 ) -> dict:
     """Step every trainer of `trainers` (keyed as the stream's batches) `cfg.train_steps`
-    times; returns `trainers`.
+    times; returns `trainers`. Each trainer moves its batch to its SAE's device itself.
 
     Every `cfg.checkpoint_every` steps (but not after the last) `checkpoint` receives
     `{"step", "stream": stream.state(), "trainers": {name(key): trainer.state_dict()}}`;
@@ -146,7 +145,7 @@ def run_training(
                              f"tokens: give at least train_tokens={cfg.train_tokens} rows or lower train_tokens")
         last = {}
         for key, trainer in trainers.items():
-            last[key] = trainer.step(batch[key].to(device), stats=(step + 1) % 50 == 0)
+            last[key] = trainer.step(batch[key], stats=(step + 1) % 50 == 0)
         step += 1
         done_since += 1
         bar.update(1)
@@ -181,7 +180,7 @@ def train_sae(
     """
     cfg = cfg.resolve(d_in, device)
     trainers = {"sae": new_trainer(d_in, cfg, device)}
-    run_training(trainers, TensorBatches(activations, cfg.batch_size), cfg, device, checkpoint, resume)
+    run_training(trainers, TensorBatches(activations, cfg.batch_size), cfg, checkpoint, resume)
     return trainers["sae"]
 
 
@@ -208,7 +207,7 @@ def train_saes(
     trainers = build_trainers(points, model.cfg.d_model, cfg, device)
     stream = ActivationStream(model, rows, points, cfg.buffer_tokens, cfg.batch_size, cfg.seed,
                               cfg.model_batch_rows, precision=cfg.autocast, total_batches=cfg.train_steps, pool=pool)
-    return run_training(trainers, stream, cfg, device, checkpoint, resume, on_step, name=point_name)
+    return run_training(trainers, stream, cfg, checkpoint, resume, on_step, name=point_name)
 
 
 def inference_weights(sae: TopKAutoencoder) -> SAEWeights:
