@@ -115,14 +115,14 @@ def generate(config: str, seed: int, tokens: int, folder: Path, device: str = "c
     spec = CONFIGS[config]
     torch.manual_seed(seed)
     model = SyntheticModel(spec.model_config(seed), device=device)  # orthogonalising needs autograd
-    torch.set_grad_enabled(False)
-    chunks, done = [], 0
-    while done < tokens:
-        n = min(65_536, tokens - done)
-        chunks.append(model.sample(n).float().cpu())
-        done += n
-    torch.save(torch.cat(chunks), train_path)
-    _, features = model.sample_with_features(EVAL_SAMPLES)
+    with torch.no_grad():  # scoped: whoever calls this may train next, in the same process
+        chunks, done = [], 0
+        while done < tokens:
+            n = min(65_536, tokens - done)
+            chunks.append(model.sample(n).float().cpu())
+            done += n
+        torch.save(torch.cat(chunks), train_path)
+        _, features = model.sample_with_features(EVAL_SAMPLES)
     features = features.float().cpu()
     head_l0 = (features[:, : spec.d_sae] > 0).sum(1).float().mean().item()
     torch.save({"features": features.to_sparse(), "feature_dict": model.feature_dict.cpu(),
