@@ -10,7 +10,8 @@ trees 32, its 4096-wide SAE 1024 wide).
 Both trainers step on the same precomputed batches of hidden activations, one CPU thread each:
 
 - ours: `sae.train.new_trainer` with a recipe (`SAETrainConfig`): the defaults, or an explicit
-  learning rate, schedule, aux-k coefficient and dead-latent window. Our SAE then goes through
+  learning rate, schedule, aux-k coefficient and dead-latent window, trained by the project's
+  loop (`sae.train.run_training`). Our SAE then goes through
   the sae-lens format (`save_sae_lens`, `sae_lens.SAE.load_from_disk`) before it is scored;
 - sae-lens: its `TopKTrainingSAE` stepped by its `SAETrainer` at constant learning rates
   `SAE_LENS_LRS` (its synthetic benchmark's schedule), everything else at sae-lens's
@@ -45,7 +46,9 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-for _name, _value in (("HF_DATASETS_OFFLINE", "1"), ("HF_HUB_OFFLINE", "1"), ("WANDB_MODE", "disabled")):
+# TQDM_DISABLE: the training loop's progress bar, from every SAE of a pool, would fill the log
+for _name, _value in (("HF_DATASETS_OFFLINE", "1"), ("HF_HUB_OFFLINE", "1"), ("WANDB_MODE", "disabled"),
+                      ("TQDM_DISABLE", "1")):
     os.environ.setdefault(_name, _value)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -163,15 +166,15 @@ def _ours(train: torch.Tensor, d_sae: int, k: int, seed: int, tokens: int, recip
 
     from sae.config import SAETrainConfig
     from sae.topk import save_sae_lens
-    from sae.train import new_trainer
+    from sae.train import TensorBatches, new_trainer, run_training
 
     d_in = train.shape[1]
     cfg = SAETrainConfig(d_sae=d_sae, k=k, train_tokens=tokens, batch_size=BATCH, seed=seed,
                          **recipe).resolve(d_in)
     trainer = new_trainer(d_in, cfg)
+    batches = TensorBatches(train.split(BATCH), BATCH)  # chunks of one batch: each batch is a view, not a copy
     started = time.process_time()
-    for step in range(cfg.train_steps):
-        trainer.step(train[step * BATCH : (step + 1) * BATCH], stats=False)
+    run_training({batches.key: trainer}, batches, cfg)
     seconds = time.process_time() - started
     with tempfile.TemporaryDirectory() as folder:
         save_sae_lens(trainer.sae, folder)
