@@ -32,13 +32,10 @@ import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 
-from sae_lens import LoggingConfig, TopKTrainingSAE, TopKTrainingSAEConfig  # noqa: E402
-from sae_lens.config import SAETrainerConfig  # noqa: E402
-from sae_lens.training.sae_trainer import SAETrainer  # noqa: E402
-
 from sae.topk import TopKAutoencoder, TopKTrainer  # noqa: E402
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file and sae_lens_topk, beside this script
 from results_file import add_output, run_recorded  # noqa: E402
+from sae_lens_topk import sae_lens_topk  # noqa: E402
 
 OUTPUT = "bench_sae_step.txt"  # under benchmarks/results/
 
@@ -57,19 +54,7 @@ def _ours(total_steps: int, device: str) -> Step:
 
 
 def _sae_lens(total_steps: int, device: str) -> Step:
-    torch.manual_seed(0)
-    sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=D_IN, d_sae=D_SAE, k=K, device=device))
-    cfg = SAETrainerConfig(
-        total_training_samples=total_steps * BATCH, train_batch_size_samples=BATCH, lr=LR, lr_end=0.0,
-        lr_scheduler_name="cosineannealing", device=device, logger=LoggingConfig(log_to_wandb=False),
-    )
-    trainer = SAETrainer(cfg=cfg, sae=sae, data_provider=iter(()))
-
-    def step(batch: torch.Tensor) -> None:
-        trainer.step(batch)
-        trainer.n_training_steps += 1  # `fit` counts steps outside `step`
-
-    return step
+    return sae_lens_topk(D_IN, D_SAE, K, total_steps, BATCH, LR, 0.0, "cosineannealing", device)[2]
 
 
 def _sparsify(total_steps: int, device: str) -> Step:
