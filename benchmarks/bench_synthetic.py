@@ -13,7 +13,7 @@ Both trainers step on the same precomputed batches of hidden activations, one CP
   learning rate, schedule, aux-k coefficient and dead-latent window, trained by the project's
   loop (`sae.train.run_training`). Our SAE then goes through
   the sae-lens format (`save_sae_lens`, `sae_lens.SAE.load_from_disk`) before it is scored;
-- sae-lens: its `TopKTrainingSAE` stepped by its `SAETrainer` at constant learning rates
+- sae-lens: its `TopKTrainingSAE` stepped by its `SAETrainer` (`sae_lens_topk`) at constant learning rates
   `SAE_LENS_LRS` (its synthetic benchmark's schedule), everything else at sae-lens's
   defaults; the best of them is what ours must match.
 
@@ -24,12 +24,13 @@ for 4096 of its 16k features). CPU seconds per token are the training loop's pro
 divided by its tokens (data generation and evaluation left out).
 
     python benchmarks/bench_synthetic.py [--configs ...] [--seeds 0 1] [--budgets 1048576 4194304]
-        [--grid defaults|short|sweep|rule] [--processes 1] [--data-device cpu] [--out benchmarks/results/synthetic]
+        [--grid defaults|short|sweep|rule] [--processes 1] [--data-device cpu] [--output benchmarks/results/synthetic.md]
 
 `--grid defaults` runs our defaults against sae-lens's constant rates; `--grid sweep` adds the
 recipes the defaults were chosen from (docs/results/sae-defaults.md), and `--grid rule` the
-defaults' neighbours, one setting changed at a time (`rule_variants`). Results go to
-`<out>.jsonl` (one line per SAE), `<out>.json` and `<out>.md` (tables averaged over seeds).
+defaults' neighbours, one setting changed at a time (`rule_variants`). Results go beside
+`--output`: `.jsonl` (one line per SAE), `.json` and `.md` (tables averaged over seeds, headed
+by the command, as every benchmark's results file).
 """
 
 from __future__ import annotations
@@ -51,8 +52,14 @@ for _name, _value in (("HF_DATASETS_OFFLINE", "1"), ("HF_HUB_OFFLINE", "1"), ("W
                       ("TQDM_DISABLE", "1")):
     os.environ.setdefault(_name, _value)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file and sae_lens_topk, beside this script
 
 import torch  # noqa: E402
+
+from results_file import add_output, command_line, recorded  # noqa: E402
+from sae_lens_topk import sae_lens_topk  # noqa: E402
+
+OUTPUT = "synthetic.md"  # under benchmarks/results/
 
 BATCH = 4096
 EVAL_SAMPLES = 16_384
@@ -185,22 +192,15 @@ def _ours(train: torch.Tensor, d_sae: int, k: int, seed: int, tokens: int, recip
 
 
 def _sae_lens(train: torch.Tensor, d_sae: int, k: int, seed: int, tokens: int, lr: float):
-    from sae_lens import LoggingConfig, TopKTrainingSAE, TopKTrainingSAEConfig
-    from sae_lens.config import SAETrainerConfig
-    from sae_lens.training.sae_trainer import SAETrainer
-
     steps = tokens // BATCH
-    torch.manual_seed(seed)
-    sae = TopKTrainingSAE(TopKTrainingSAEConfig(d_in=train.shape[1], d_sae=d_sae, k=k, device="cpu"))
-    cfg = SAETrainerConfig(total_training_samples=steps * BATCH, train_batch_size_samples=BATCH, lr=lr, lr_end=lr,
-                           lr_scheduler_name="constant", device="cpu", logger=LoggingConfig(log_to_wandb=False))
-    trainer = SAETrainer(cfg=cfg, sae=sae, data_provider=iter(()))
+    sae, trainer, step = sae_lens_topk(train.shape[1], d_sae, k, steps, BATCH, lr, lr, "constant", "cpu", seed)
+    batches = train[: steps * BATCH].split(BATCH)
     started = time.process_time()
-    for step in range(steps):
-        trainer.step(train[step * BATCH : (step + 1) * BATCH])
-        trainer.n_training_steps += 1  # `fit` counts steps outside `step`
+    for batch in batches:
+        step(batch)
     seconds = time.process_time() - started
-    return sae, seconds, steps * BATCH, {"lr": lr, "schedule": "constant", "dead_feature_window": cfg.dead_feature_window,
+    return sae, seconds, steps * BATCH, {"lr": lr, "schedule": "constant",
+                                         "dead_feature_window": trainer.cfg.dead_feature_window,
                                          "aux_loss_coefficient": sae.cfg.aux_loss_coefficient}
 
 
@@ -335,10 +335,10 @@ def summarize(rows: list[dict]) -> dict:
     return {"means": means, "checks": checks}
 
 
-def markdown(summary: dict, command: str) -> str:
+def markdown(summary: dict) -> str:
     head = ("| config | tokens | trainer | recipe | seeds | k | MCC | uniq | F1 | prec | recall | dead | shrink | L0 | "
             "expl var | CPU us/token |")
-    lines = [f"Command: `{command}`", "", head, "|" + "---|" * 16]
+    lines = [head, "|" + "---|" * 16]
     for m in summary["means"]:
         lines.append(
             f"| {m['config']} | {m['tokens']:,} | {m['trainer']} | {m['label']} | {m['seeds']} | {m['k']} | {m['mcc']:.3f} | "
@@ -368,15 +368,14 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "bench_synthetic",
                         help="folder of the generated activations (reused when present)")
     parser.add_argument("--data-device", default="cpu", help="device that samples the synthetic models")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/synthetic"))
+    add_output(parser, OUTPUT)
     parser.add_argument("--tables-from", type=Path, help="only rebuild the tables from this .jsonl of an earlier run")
     args = parser.parse_args()
-    command = "python benchmarks/bench_synthetic.py " + " ".join(sys.argv[1:])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    out = None if args.output == "-" else Path(args.output)
     if args.tables_from is not None:
         rows = [json.loads(line) for line in args.tables_from.read_text().splitlines() if line.strip()]
         rows = [row for row in rows if "error" not in row]
-        write_tables(rows, args.out, command)
+        write_tables(rows, out)
         return
     args.data.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -389,8 +388,11 @@ def main() -> None:
     # longest first, so the pool does not wait on one long SAE at the end
     todo.sort(key=lambda j: -j["tokens"] * CONFIGS[j["config"]].d_sae * (3 if j["trainer"] == "sae-lens" else 1))
     rows = []
-    lines = args.out.with_suffix(".jsonl")
-    with lines.open("w") as sink, get_context("spawn").Pool(args.processes, maxtasksperchild=None) as pool:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    # one line per SAE as it ends, so a sweep cut short keeps what it trained
+    lines = os.devnull if out is None else out.with_suffix(".jsonl")
+    with open(lines, "w") as sink, get_context("spawn").Pool(args.processes, maxtasksperchild=None) as pool:
         for row in pool.imap_unordered(run_job, todo):
             sink.write(json.dumps(row) + "\n")
             sink.flush()
@@ -401,15 +403,20 @@ def main() -> None:
             print(f"[{len(rows)}/{len(todo)}] {row['config']} s{row['seed']} {row['tokens']:,} {row['trainer']} "
                   f"{row['label']}: MCC {row['mcc']:.3f} F1 {row['f1_score']:.3f} dead {row['dead_latents']} "
                   f"{1e6 * row['cpu_s_per_token']:.2f} us/token", flush=True)
-    write_tables(rows, args.out, command)
+    write_tables(rows, out)
 
 
-def write_tables(rows: list[dict], out: Path, command: str) -> None:
+def write_tables(rows: list[dict], out: Path | None) -> None:
+    """Print the tables of `rows` and keep them as the other benchmarks keep their figures
+    (`results_file.recorded`), in `out` with the suffix .md, and the summary in .json (`out`
+    None: print only)."""
+    from pipelines.engine.files import write_json
+
     summary = summarize(rows)
-    out.with_suffix(".json").write_text(json.dumps({"command": command, **summary}, indent=1))
-    text = markdown(summary, command)
-    out.with_suffix(".md").write_text(text)
-    print(text)
+    if out is not None:
+        write_json(out.with_suffix(".json"), {"command": command_line(), **summary})
+    with recorded(None if out is None else str(out.with_suffix(".md"))):
+        print(markdown(summary), end="")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,11 @@ def recorded(output: str | None):
         yield
     from pipelines.engine.files import write_text
 
-    command = "python " + " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     path = Path(output)
-    write_text(path, f"<!-- {command} -->\n{captured.getvalue()}")
+    write_text(path, f"<!-- {command_line()} -->\n{captured.getvalue()}")
     print(f"(written to {path})", file=sys.stderr)
+
+
+def command_line() -> str:
+    """The command this process runs, as a shell takes it back."""
+    return "python " + " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix(), *sys.argv[1:]])

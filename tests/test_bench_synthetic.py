@@ -6,6 +6,7 @@ scored by sae-lens's evaluation, and the tables are written as the other benchma
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -70,3 +71,30 @@ def test_ours_trains_on_views_of_the_data_and_matches_stepping_the_trainer_by_ha
     one.step(train[:B], stats=False)
     shifted.step(train[B : 2 * B], stats=False)
     assert not torch.equal(one.sae.W_enc, shifted.sae.W_enc)  # the exact comparison tells batches apart
+
+
+def test_both_trainers_are_scored_and_the_tables_are_recorded_with_their_command(data, tmp_path, monkeypatch):
+    cell = {"config": "tiny", "seed": 0, "tokens": 8 * bench.BATCH, "data": str(data)}
+    rows = [bench.run_job({**cell, "trainer": "ours", "label": "defaults", "recipe": {}}),
+            bench.run_job({**cell, "trainer": "sae-lens", "label": "const 0.004", "lr": 4e-3})]
+    for row in rows:
+        assert "error" not in row, row
+        assert 0 <= row["mcc"] <= 1 and 0 <= row["f1_score"] <= 1 and row["cpu_s_per_token"] > 0
+        assert row["used_tokens"] == 8 * bench.BATCH and row["d_sae"] == 64
+    assert rows[1]["settings"]["schedule"] == "constant" and rows[1]["settings"]["lr"] == 4e-3
+
+    lines = tmp_path / "rows.jsonl"
+    lines.write_text("".join(json.dumps(row) + "\n" for row in [*rows, {**cell, "error": "a failed SAE is left out"}]))
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench_synthetic.py", "--tables-from", str(lines),
+                                      "--output", str(tmp_path / "tables.md")])
+    bench.main()
+    text = (tmp_path / "tables.md").read_text()
+    command = f"python benchmarks/bench_synthetic.py --tables-from {lines} --output {tmp_path / 'tables.md'}"
+    assert text.startswith(f"<!-- {command} -->\n")
+    assert f"| tiny | 32,768 | ours | defaults | 1 | {rows[0]['k']} | {rows[0]['mcc']:.3f} |" in text
+    assert "| tiny | 32,768 | sae-lens | const 0.004 | 1 |" in text
+    summary = json.loads((tmp_path / "tables.json").read_text())
+    assert summary["command"] == command
+    [check] = summary["checks"]
+    assert (check["ours_mcc"], check["sae_lens_best_mcc"]) == (rows[0]["mcc"], rows[1]["mcc"])
+    assert check["cpu_ratio"] == pytest.approx(rows[1]["cpu_s_per_token"] / rows[0]["cpu_s_per_token"])
