@@ -1,6 +1,8 @@
-"""Top-k selection: torch's `topk` against `circuits.weights.top_k_indices` (block maxima
-first), at the shapes the toolkit selects from: the demo's SAEs (512 latents, k 16) in
-training batches and token caches, and the paper preset's (2048 latents, k 30). Both in
+"""Top-k selection: torch's `topk` against `circuits.weights.top_k_indices` (one compiled
+pass per row), at the shapes the toolkit selects from: the demo's SAEs (512 latents, k 16)
+in training batches and token caches, the paper preset's (2048 latents, k 30), the smallest
+synthetic benchmark's (256, k 9), and k 32 and 64 of 512, either side of
+the bound beyond which torch's `topk` does the work. Both in
 one run, alternating, on the same rows, with freed memory kept as the command line keeps it
 (`pipelines.runtime.reuse_freed_memory`); prints milliseconds per call and their ratio.
 
@@ -25,7 +27,9 @@ from results_file import add_output, run_recorded  # noqa: E402
 
 OUTPUT = "bench_topk.txt"  # under benchmarks/results/
 
-SHAPES = {"demo SAE step": (4096, 512, 16), "demo token cache": (8192, 512, 16), "paper SAE step": (4096, 2048, 30)}
+SHAPES = {"demo SAE step": (4096, 512, 16), "demo token cache": (8192, 512, 16), "paper SAE step": (4096, 2048, 30),
+          "zipf-64 SAE step": (4096, 256, 9), "k 32 of 512": (4096, 512, 32),
+          "k 64 of 512": (4096, 512, 64)}
 
 
 def per_call(fn, repeats: int) -> float:

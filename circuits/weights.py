@@ -129,35 +129,35 @@ class SAEWeights:
         return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
 
 
-def top_k_indices(x: torch.Tensor, k: int, block: int = 4) -> torch.Tensor:
+# The kernel's sorted buffer costs about k moves per value let in, and about k ln(n / k) values
+# of a row get in: beyond k 64, or k above a sixteenth of the row, torch's partition is faster
+# (benchmarks/bench_topk.py times both sides of the bound).
+KERNEL_MAX_K = 64
+KERNEL_MIN_ROW_PER_K = 16
+
+
+def top_k_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     """`[..., k]`: where each row of `x [..., n]` holds its k largest values, in no order;
     the places `x.topk(k, sorted=False).indices` names, ties included.
 
-    The k largest lie in the k blocks of `block` neighbouring columns whose maxima are
-    largest (a value in the top k has fewer than k larger values, so fewer than k blocks have
-    a larger maximum than its block). Ranking the block maxima, then those blocks' columns,
-    reads a quarter and an eighth of a row: torch's top-k on a CPU partitions a copy of each
-    row, and at the demo's SAEs (512 latents, k 16) this takes three quarters of its time on
-    one thread (`benchmarks/bench_topk.py`). Where the k-th largest value is tied (about one
-    row in a million in the demo's SAE training) the tie's winners are torch's own choice, so
-    rows with a tie are ranked whole by torch, and so are rows too short to gain. Elsewhere
-    than on a CPU torch ranks every row: finding the tied rows would wait for the device."""
+    On a CPU, float32 and float64 rows with k up to `KERNEL_MAX_K` and at least
+    `KERNEL_MIN_ROW_PER_K` entries per selected one go through one compiled
+    pass per row (`circuits.row_top_k`); the rows it cannot answer as torch would (a tie at
+    the k-th value, about one row in a million in the demo's SAE training, or a NaN) are
+    ranked by torch. Elsewhere torch ranks every row.
+    """
     n = x.shape[-1]
-    if x.device.type != "cpu" or n % block or n < 2 * block * k:
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not 1 <= k <= min(KERNEL_MAX_K, n // KERNEL_MIN_ROW_PER_K):
         return x.topk(k, dim=-1, sorted=False).indices
-    rows = x.reshape(-1, n)
-    maxima = rows.view(len(rows), n // block, block).amax(-1)
-    best = maxima.topk(k, dim=-1, sorted=False)
-    columns = (best.indices[:, :, None] * block + torch.arange(block, device=x.device)).view(len(rows), k * block)
-    values = rows.gather(1, columns)
-    top = values.topk(k, dim=-1, sorted=False)
-    # a tie can only be at the k-th value among the chosen columns, or at the k-th block maximum
-    # (a block left out then may hold a value equal to the k-th): counted here, not in whole rows
-    count = lambda table, kth: (table >= kth.amin(1, keepdim=True)).sum(1, dtype=torch.int32)  # noqa: E731
-    tied = ((count(values, top.values) > k) | (count(maxima, best.values) > k)).nonzero()[:, 0]
-    found = columns.gather(1, top.indices)
-    if len(tied):
-        found[tied] = rows[tied].topk(k, dim=-1, sorted=False).indices
+    from circuits.row_top_k import row_top_k
+
+    rows = x.detach().reshape(-1, n).contiguous()
+    found = torch.empty(len(rows), k, dtype=torch.long)
+    unsure = torch.empty(len(rows), dtype=torch.bool)
+    row_top_k(rows.numpy(), k, found.numpy(), unsure.numpy())
+    redo = unsure.nonzero()[:, 0]
+    if len(redo):
+        found[redo] = rows[redo].topk(k, dim=-1, sorted=False).indices
     return found.view(*x.shape[:-1], k)
 
 

@@ -313,6 +313,36 @@ def test_top_k_indices_finds_each_rows_k_largest(rows, n, k):
     assert torch.equal(found, tied.topk(k, dim=1, sorted=False).indices.sort(1).values)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_k_indices_rows_torch_would_rank_otherwise(dtype):
+    """Rows with a NaN (torch ranks it above everything), with -inf, with a tie at the k-th
+    value inside or across the cut-off, and k of 1: the places torch names."""
+    generator = torch.Generator().manual_seed(7)
+    for trial in range(40):
+        x = torch.randint(0, 40, (30, 512), generator=generator).to(dtype)
+        x[:15] += torch.randn(15, 512, generator=generator, dtype=dtype)
+        x[trial % 30, trial % 512] = float("nan")
+        x[(trial + 1) % 30, : 500 + trial % 12] = -float("inf")
+        x[(trial + 2) % 30] = float("-inf")
+        for k in (1, 3, 8, 32):
+            found = top_k_indices(x, k).sort(1).values
+            assert torch.equal(found, x.topk(k, dim=1, sorted=False).indices.sort(1).values), (trial, k)
+
+
+def test_top_k_indices_other_inputs_go_to_torch():
+    """A non-contiguous view, bfloat16, k above the kernel's bound and an input that needs a
+    gradient give torch's places; k beyond the row is refused as torch refuses it."""
+    x = torch.randn(200, 256, generator=torch.Generator().manual_seed(3))
+    expect = lambda t, k: t.float().topk(k, dim=1).indices.sort(1).values  # noqa: E731
+    assert torch.equal(top_k_indices(x.T.contiguous().T, 10).sort(1).values, expect(x, 10))
+    assert torch.equal(top_k_indices(x.T, 10).sort(1).values, expect(x.T, 10))
+    assert torch.equal(top_k_indices(x.requires_grad_(), 70).sort(1).values, expect(x.detach(), 70))
+    rounded = x.detach().to(torch.bfloat16)
+    assert torch.equal(top_k_indices(rounded, 5).sort(1).values, rounded.topk(5, dim=1).indices.sort(1).values)
+    with pytest.raises(RuntimeError):
+        top_k_indices(x.detach(), 257)
+
+
 def test_top_k_indices_keeps_leading_dimensions():
     x = torch.randn(3, 5, 256, generator=torch.Generator().manual_seed(1))
     found = top_k_indices(x, 8)
