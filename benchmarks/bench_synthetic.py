@@ -237,12 +237,15 @@ def _run_job(job: dict) -> dict:
 def rule_variants(config: str, tokens: int) -> list[tuple[str, dict]]:
     """The defaults' neighbours, one setting changed at a time: the rule's learning rate
     halved and doubled, a cosine over the whole run, an end fraction of 0.1, dead-latent
-    windows of 64k and 256k tokens, and sae-lens's aux-k coefficient 1."""
-    from sae.config import default_lr
+    windows of 64k and 256k tokens, and sae-lens's aux-k coefficient 1; and the previous
+    defaults (`1e-4 * sqrt(512 / d_in) * sqrt(PAPER_STEPS / steps)`, a cosine over the whole run)."""
+    from sae.config import PAPER_STEPS, default_lr
 
     spec = CONFIGS[config]
-    rule = default_lr(spec.hidden_dim, spec.d_sae, tokens // BATCH)
-    return [("rule x0.5", {"lr": rule / 2}), ("rule x2", {"lr": rule * 2}), ("cos", {"decay_fraction": 1.0}),
+    steps = tokens // BATCH
+    rule = default_lr(spec.hidden_dim, spec.d_sae, steps)
+    previous = 1e-4 * math.sqrt(512 / spec.hidden_dim * max(1.0, PAPER_STEPS / steps))
+    return [("previous defaults", {"lr": previous, "decay_fraction": 1.0}), ("rule x0.5", {"lr": rule / 2}), ("rule x2", {"lr": rule * 2}), ("cos", {"decay_fraction": 1.0}),
             ("end 0.1", {"lr_end_fraction": 0.1}), ("dead 64k", {"dead_after_tokens": 65_536}),
             ("dead 256k", {"dead_after_tokens": 262_144}), ("aux 1", {"aux_k_coefficient": 1.0})]
 
@@ -369,11 +372,14 @@ def main() -> None:
                         help="folder of the generated activations (reused when present)")
     parser.add_argument("--data-device", default="cpu", help="device that samples the synthetic models")
     add_output(parser, OUTPUT)
-    parser.add_argument("--tables-from", type=Path, help="only rebuild the tables from this .jsonl of an earlier run")
+    parser.add_argument("--labels", nargs="+", help="train only the recipes of these labels (as the tables name "
+                        "them, e.g. 'previous defaults' or 'const 0.008'), to add rows to an earlier run")
+    parser.add_argument("--tables-from", type=Path, nargs="+",
+                        help="only rebuild the tables from the .jsonl files of earlier runs")
     args = parser.parse_args()
     out = None if args.output == "-" else Path(args.output)
     if args.tables_from is not None:
-        rows = [json.loads(line) for line in args.tables_from.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for path in args.tables_from for line in path.read_text().splitlines() if line.strip()]
         rows = [row for row in rows if "error" not in row]
         write_tables(rows, out)
         return
@@ -385,6 +391,8 @@ def main() -> None:
         pool.starmap(generate, cells)
     print(f"data: {time.perf_counter() - started:.1f} s", flush=True)
     todo = jobs(args.configs, args.seeds, args.budgets, args.grid, args.data)
+    if args.labels:
+        todo = [job for job in todo if job["label"] in args.labels]
     # longest first, so the pool does not wait on one long SAE at the end
     todo.sort(key=lambda j: -j["tokens"] * CONFIGS[j["config"]].d_sae * (3 if j["trainer"] == "sae-lens" else 1))
     rows = []
