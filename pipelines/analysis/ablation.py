@@ -192,16 +192,16 @@ def _form_parts(cache: LayerCache, entries, z: torch.Tensor, sides: Sides, sae_i
     v as the quadratic form reads it (times the gain and the norm's factor on resid_mid). Each
     is a row sum of the parts' Gram matrix under f's form (`circuits.cross_terms.part_gram`)."""
     source, z = cache.source[entries.token].double(), z.double()
-    W_dec, b_dec = sae_in.W_dec.double(), sae_in.b_dec.double()
-    side = lambda members: (z * torch.zeros_like(z).scatter_add_(1, members.clamp_min(0), (members >= 0).double())) @ W_dec  # noqa: E731
+    sae_in, mlp = sae_in.to(torch.float64), mlp.to(torch.float64)
+    side = lambda members: (z * torch.zeros_like(z).scatter_add_(1, members.clamp_min(0), (members >= 0).double())  # noqa: E731
+                            ) @ sae_in.W_dec
     part_a, part_b = side(sides.a[entries.cand]), side(sides.b[entries.cand])
-    reconstruction = z @ W_dec + b_dec
-    bias = b_dec.expand_as(source)
+    reconstruction = sae_in.decode(z)
+    bias = sae_in.b_dec.expand_as(source)
     parts = torch.stack([part_a, part_b, reconstruction - bias - part_a - part_b, bias, source - reconstruction], 1)
     gain = input_gain(site, mlp.g)
     image = parts * token_scale(source, cache.eps, site).sqrt()[:, None, None]
-    image = image if gain is None else image * gain.double()
-    W_out, W_enc = mlp.W_out.double(), sae_out.W_enc.double()
-    read = (W_out @ W_enc[:, sides.out[entries.cand]]).T  # [E, d_mlp]: each entry's output's read of the hidden units
-    each = part_gram(image @ mlp.W_gate.double(), image @ mlp.W_in.double(), read).sum(-1)  # [E, 5]
+    image = image if gain is None else image * gain
+    read = (mlp.W_out @ sae_out.W_enc[:, sides.out[entries.cand]].double()).T  # [E, d_mlp]: each entry's output's read
+    each = part_gram(image @ mlp.W_gate, image @ mlp.W_in, read).sum(-1)  # [E, 5]
     return each.new_zeros(len(sides), len(PARTS)).index_add_(0, entries.cand, each)
