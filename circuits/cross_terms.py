@@ -174,13 +174,13 @@ class PartShares:
     cross_weight: torch.Tensor  # mean |cross| / (sum of the four parts' mean |.|): in [0, 1]
 
 
-def part_shares(parts: GroupParts, where: torch.Tensor) -> PartShares:
-    """Shares of the parts on the tokens `where [t]` (bool): each part's mean relative to the
-    mean |x^T Q x|, so they add up to `mean total / mean |total|` (1 where the output keeps its
-    sign); NaN without tokens or where the output is 0 on all of them."""
-    n = int(where.sum())
-    pick = lambda v: v[where]  # noqa: E731
+def part_shares(parts: GroupParts, where: torch.Tensor | None = None) -> PartShares:
+    """Shares of the parts on the tokens `where [t]` (bool; all of them without): each part's
+    mean relative to the mean |x^T Q x|, so they add up to `mean total / mean |total|` (1 where
+    the output keeps its sign); NaN without tokens or where the output is 0 on all of them."""
+    pick = (lambda v: v) if where is None else (lambda v: v[where])  # noqa: E731
     total = pick(parts.total)
+    n = len(total)
     scale = total.abs().mean(0) if n else torch.full(total.shape[1:], float("nan"))
     scale = torch.where(scale > 0, scale, torch.full_like(scale, float("nan")))
     own_a, own_b, cross, rest = (pick(v) for v in (parts.own_a, parts.own_b, parts.cross, parts.rest))
