@@ -9,8 +9,9 @@ output's constant, as the layer computes it, for any run), how many share a top 
 (`features.top_token`; a group gate when a member of each side does) and how many the
 model-run check confirms by the measures that do not read through the output SAE's TopK
 (the MLP output along the feature, `mlp`, and the boosted tokens' log-probability,
-`logprob`; `pipelines.analysis.verdicts.confirmations`, computed here from the ablation
-tables so that runs of older code, without those columns, are read the same way).
+`logprob`), as the run's `gate_verdicts` table says (`pipelines.analysis.verdicts.confirmations`;
+null for runs of older code, whose verdicts lack those columns). The output's constant is the
+tables' `pre_constant`, or for older runs `circuits.layer.encoder_offset` of the run's weights.
 
     python benchmarks/gate_acceptance.py RUN_DIR [RUN_DIR...] [--best 8]
 """
@@ -24,31 +25,32 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's packages, not an installed copy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # results_file, beside this script
 from results_file import add_output, recorded  # noqa: E402
 from circuits.gates.types import layer_shares  # noqa: E402
+from circuits.layer import encoder_offset  # noqa: E402
+from circuits.weights import from_hooked_transformer  # noqa: E402
 from circuits.sites import OUTPUT_SITE  # noqa: E402
-from pipelines.analysis.verdicts import VerdictConfig, confirmations, drops  # noqa: E402
 from pipelines.engine.paths import RunPaths  # noqa: E402
+from pipelines.lm.model import load_model  # noqa: E402
 from sae.io import load_sae  # noqa: E402
 
-KINDS = {"pair": ("pair_gates", "gate_ablation", ("in_a", "in_b")),
-         "group": ("group_gates", "group_ablation", ("group_a", "group_b"))}
+KINDS = {"pair": ("pair_gates", ("in_a", "in_b")), "group": ("group_gates", ("group_a", "group_b"))}
 KEYS = ["layer", "outputs", "input_site", "out_feature"]
+CONFIRMS = {"mlp_confirms": "mlp confirms", "logprob_confirms": "logprob confirms", "sae_confirms": "sae confirms"}
 
 
 def constants(run: Path, layer: int) -> np.ndarray:
     """`[n_out]`: each output's pre-activation with no MLP input (the MLP's biases through the
-    output SAE's encoder), from the run's model and output SAE."""
+    output SAE's encoder), from the run's model and output SAE: for runs whose tables lack
+    `pre_constant`."""
     paths = RunPaths(run)
-    state = load_file(paths.model.weights)
+    model, _ = load_model(paths.lm)
     sae = load_sae(paths.sae(layer, OUTPUT_SITE)).weights
-    bias = state[f"blocks.{layer}.mlp.b_in"] @ state[f"blocks.{layer}.mlp.W_out"] + state[f"blocks.{layer}.mlp.b_out"]
-    return sae.pre(bias.to(sae.W_enc.dtype)).detach().numpy()
+    return encoder_offset(from_hooked_transformer(model, layer), sae, torch.device("cpu")).numpy()
 
 
 def top_tokens(run: Path) -> dict[tuple[int, int], str]:
@@ -66,24 +68,25 @@ def share_a_top_token(row, layer: int, tokens: dict, kind: str) -> bool:
     return bool(side(members_a) & side(members_b))
 
 
-def figures(run: Path, best: int, cfg: VerdictConfig) -> list[dict]:
+def figures(run: Path, best: int) -> list[dict]:
     tokens = top_tokens(run)
+    verdicts = pd.read_parquet(run / "tables" / "gate_verdicts")
+    confirmed = [c for c in CONFIRMS if c in verdicts]
     found = []
-    for kind, (table, ablation_table, sides) in KINDS.items():
+    for kind, (table, sides) in KINDS.items():
         gates = pd.read_parquet(run / "tables" / table)
-        ablation = pd.read_parquet(run / "tables" / ablation_table)
         for layer in sorted(gates["layer"].unique()):
             mine = gates[gates["layer"] == layer].copy()
-            constant = constants(run, int(layer))
-            mine["pre_constant"] = constant[mine["out_feature"].to_numpy()]
+            if "pre_constant" not in mine:
+                mine["pre_constant"] = constants(run, int(layer))[mine["out_feature"].to_numpy()]
             shares = layer_shares(*(mine[f"pre_{r}"] for r in ("none", "a", "b", "ab")), mine["pre_constant"])
             mine["layer_cross"] = shares["layer_cross_share"]
             types = mine["gate_type"].value_counts()
             top = mine[mine["circuit_rank"].notna()].sort_values("circuit_rank").head(best)
-            mine_ablation = ablation[ablation["layer"] == layer].copy()
-            mine_ablation["pre_constant"] = constant[mine_ablation["out_feature"].to_numpy()]
-            checked = top.merge(drops(mine_ablation, KEYS + list(sides)), how="left", on=KEYS + list(sides))
-            said = confirmations(checked, cfg)
+            said = verdicts[(verdicts["layer"] == layer) & (verdicts["kind"] == kind)]
+            said = said[KEYS + list(sides) + ["drop_a"] + confirmed].astype({s: "int64" for s in sides})
+            checked = top[KEYS + list(sides)].merge(said, how="left", on=KEYS + list(sides))
+            count = lambda c: int(checked[c].fillna(False).sum()) if c in checked else pd.NA  # noqa: E731
             frozen = top["cross_share"].median() if "cross_share" in top else np.nan
             found.append({
                 "run": str(run), "layer": int(layer), "kind": kind, "and": int(types.get("and", 0)),
@@ -92,9 +95,7 @@ def figures(run: Path, best: int, cfg: VerdictConfig) -> list[dict]:
                 "best": len(top), "cross_share": frozen, "layer_cross": top["layer_cross"].median(),
                 "top token shared": sum(share_a_top_token(r, int(layer), tokens, kind) for r in top.to_dict("records")),
                 "ablated": int(checked["drop_a"].notna().sum()),
-                "mlp confirms": int(said["mlp_confirms"].fillna(False).sum()),
-                "logprob confirms": int(said["logprob_confirms"].fillna(False).sum()),
-                "sae confirms": int(said["sae_confirms"].fillna(False).sum()),
+                **{name: count(c) for c, name in CONFIRMS.items()},
                 "best typed and": int((top["gate_type"] == "and").sum()),
             })
     return found
@@ -110,8 +111,8 @@ def main() -> None:
     torch.set_num_threads(1)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)
-    rows = [row for run in args.runs for row in figures(run, args.best, VerdictConfig())]
-    frame = pd.DataFrame(rows)
+    rows = [row for run in args.runs for row in figures(run, args.best)]
+    frame = pd.DataFrame(rows).astype({c: "Int64" for c in CONFIRMS.values()})
     with recorded(args.output):
         _print(frame, args.best)
 

@@ -18,7 +18,12 @@ the rest of the input) and no cross block. Two readings, both here:
   the two groups write, and everything else: other inputs, biases, the SAE's error), the
   output's quadratic part splits exactly into side A's own terms `x_A^T Q x_A + 2 x_A^T Q
   x_rest`, side B's, the cross term `2 x_A^T Q x_B` and the rest `x_rest^T Q x_rest`, computed
-  from the factored weights for many directions at once (`circuits.bilinear`).
+  from the factored weights for many directions at once, no `Q_u` built.
+
+The split is made once, here: `part_gram` gives the form's Gram matrix of any parts of the
+input and `split_parts` reads the four parts off the Gram matrix of `(x_A, x_B, x_rest)`. The
+gate interventions (`circuits.gates.interventions`, one output per token) and the model-run
+confirmation (`pipelines.analysis.ablation`, five parts) use the same two.
 """
 
 from __future__ import annotations
@@ -76,18 +81,13 @@ def bilinear_vectors(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tens
     return (0.5 * ((p @ W_gate) * (q @ W_in) + (q @ W_gate) * (p @ W_in))) @ W_out
 
 
-def bilinear_parts(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, U: torch.Tensor,
-                   p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The symmetric bilinear form `p_t^T Q_u q_t` of every token and direction: `[t, c]`.
-
-    `p, q [t, d]`, `U [c, d_out]`. Cost `t * h * (d + d_out) + t * d_out * c`; no `Q_u` is built."""
-    return bilinear_vectors(W_gate, W_in, W_out, p, q) @ U.T
-
-
 @dataclass
 class GroupParts:
-    """The exact split of `x^T Q_u x` per token and direction, each `[t, c]`."""
+    """The exact split of `x^T Q x` with `x = x_A + x_B + x_rest`, each part `[...]` (per row,
+    and per direction where there are several)."""
 
+    self_a: torch.Tensor  # x_A^T Q x_A
+    self_b: torch.Tensor  # x_B^T Q x_B
     own_a: torch.Tensor  # x_A^T Q x_A + 2 x_A^T Q x_rest
     own_b: torch.Tensor  # x_B^T Q x_B + 2 x_B^T Q x_rest
     cross: torch.Tensor  # 2 x_A^T Q x_B
@@ -95,20 +95,53 @@ class GroupParts:
 
     @property
     def total(self) -> torch.Tensor:
-        """`x^T Q_u x`, the output's quadratic part."""
+        """`x^T Q x`, the output's quadratic part."""
         return self.own_a + self.own_b + self.cross + self.rest
+
+
+def part_gram(gate: torch.Tensor, inp: torch.Tensor, read: torch.Tensor, work: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """The form's Gram matrix of k parts `p_1..p_k` of an MLP input: entry (i, j) is `p_i^T Q p_j`,
+    `Q` symmetrised (as `circuits.bilinear.interaction_matrices`), so `x^T Q x` of `x = sum_i p_i`
+    is the sum of its entries and `p_i^T Q x` the sum of its row i.
+
+    `gate, inp [N, k, h]`: the parts times `W_gate` and times `W_in` (2k products with the
+    weights, whatever k); `read`: the output's read of the hidden units, `W_out u`, either one
+    per row, `[N, h]` -> `[N, k, k]`, or `c` read at every row, `[1, c, h]` -> `[N, c, k, k]`.
+    `work [N, k, h]`, per-row reads only: where `inp * read` is written (a caller that makes
+    many calls keeps it between them rather than fault in a fresh table each time)."""
+    if read.dim() == 2:  # one output per row: the k x k hidden products at once in one batched product
+        weighted = torch.mul(inp, read[:, None, :], out=work)
+        dots = torch.bmm(gate, weighted.transpose(1, 2))
+        return 0.5 * (dots + dots.transpose(1, 2))
+    # outputs read at every row: each of the k (k + 1) / 2 distinct products of hidden units once, then all c reads
+    N, k, h = gate.shape
+    i, j = torch.triu_indices(k, k, device=gate.device)
+    hidden = 0.5 * (gate[:, i] * inp[:, j] + gate[:, j] * inp[:, i])  # [N, k (k + 1) / 2, h]
+    upper = hidden @ read[0].T  # [N, k (k + 1) / 2, c]
+    gram = upper.new_empty(N, read.shape[1], k, k)
+    gram[:, :, i, j] = upper.transpose(1, 2)
+    gram[:, :, j, i] = upper.transpose(1, 2)
+    return gram
+
+
+def split_parts(gram: torch.Tensor) -> GroupParts:
+    """The split of `x^T Q x` (`GroupParts`) from the Gram matrix `[..., 3, 3]` of the parts
+    `(x_A, x_B, x_rest)` (`part_gram`)."""
+    g = lambda i, j: gram[..., i, j]  # noqa: E731
+    return GroupParts(self_a=g(0, 0), self_b=g(1, 1), own_a=g(0, 0) + 2 * g(0, 2), own_b=g(1, 1) + 2 * g(1, 2),
+                      cross=2 * g(0, 1), rest=g(2, 2))
 
 
 def split_by_groups(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, U: torch.Tensor,
                     x_a: torch.Tensor, x_b: torch.Tensor, x_rest: torch.Tensor) -> GroupParts:
     """Split `x^T Q_u x` with `x = x_a + x_b + x_rest` (each `[t, d]`) for every direction
-    `U [c, d_out]` into the two sides' own terms, their cross term and the rest. Exact:
-    the parts add up to `u . (mlp(x) - b_const)` for the MLP input x (the norm's factor is
-    inside each part)."""
-    form = lambda p, q: bilinear_parts(W_gate, W_in, W_out, U, p, q)  # noqa: E731
-    rest = form(x_rest, x_rest)
-    return GroupParts(own_a=form(x_a, x_a + 2 * x_rest), own_b=form(x_b, x_b + 2 * x_rest),
-                      cross=2 * form(x_a, x_b), rest=rest)
+    `U [c, d_out]` into the two sides' own terms, their cross term and the rest, each `[t, c]`.
+    Exact: the parts add up to `u . (mlp(x) - b_const)` for the MLP input x (the norm's factor
+    is inside each part)."""
+    parts = torch.stack([x_a, x_b, x_rest], 1)  # [t, 3, d]
+    gram = part_gram(parts @ W_gate, parts @ W_in, (W_out @ U.T).T[None])
+    return split_parts(gram)
 
 
 def best_cross_directions(W_gate: torch.Tensor, W_in: torch.Tensor, W_out: torch.Tensor, M_a: torch.Tensor,
@@ -141,13 +174,13 @@ class PartShares:
     cross_weight: torch.Tensor  # mean |cross| / (sum of the four parts' mean |.|): in [0, 1]
 
 
-def part_shares(parts: GroupParts, where: torch.Tensor) -> PartShares:
-    """Shares of the parts on the tokens `where [t]` (bool): each part's mean relative to the
-    mean |x^T Q x|, so they add up to `mean total / mean |total|` (1 where the output keeps its
-    sign); NaN without tokens or where the output is 0 on all of them."""
-    n = int(where.sum())
-    pick = lambda v: v[where]  # noqa: E731
+def part_shares(parts: GroupParts, where: torch.Tensor | None = None) -> PartShares:
+    """Shares of the parts on the tokens `where [t]` (bool; all of them without): each part's
+    mean relative to the mean |x^T Q x|, so they add up to `mean total / mean |total|` (1 where
+    the output keeps its sign); NaN without tokens or where the output is 0 on all of them."""
+    pick = (lambda v: v) if where is None else (lambda v: v[where])  # noqa: E731
     total = pick(parts.total)
+    n = len(total)
     scale = total.abs().mean(0) if n else torch.full(total.shape[1:], float("nan"))
     scale = torch.where(scale > 0, scale, torch.full_like(scale, float("nan")))
     own_a, own_b, cross, rest = (pick(v) for v in (parts.own_a, parts.own_b, parts.cross, parts.rest))

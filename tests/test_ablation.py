@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from circuits import forward
+from circuits.bilinear import interaction_matrices
 from circuits.weights import SAEWeights, from_hooked_transformer
 from circuits.gates.interventions import Sides
 from pipelines.analysis.ablation import PARTS, confirm
@@ -189,3 +190,36 @@ def test_the_log_probabilities_after_ablation_are_those_of_whole_passes(model, s
             assert len(measured) == 1 and measured["n_tokens"].item() == len(mine)
             assert measured["logprob_after"].item() == pytest.approx(expected, rel=1e-5, abs=1e-5)
             assert abs(measured["logprob_after"].item() - measured["logprob_before"].item()) > 1e-4
+
+
+def test_the_shares_of_the_parts_are_their_forms_with_the_whole_input(model):
+    # from the definition, with the output's whole interaction matrix: on each sampled token the MLP input
+    # x = img(a) + img(b) + img(other) + img(b_dec) + img(error), and part p's share is sum img(p)^T Q x over
+    # the candidate's tokens, relative to sum x^T Q x. Groups padded with -1 beside latent 0 included.
+    layer, site = 1, "resid_mid"
+    saes, out_sae, mlp = layer_saes(model, site, seed=0)
+    saes = LayerSAEs(layer, LoadedSAE(random_sae(1), Path("random"), "test", (layer, site)), site, saes.sae_out)
+    sae_in = saes.sae_in.weights
+    targets = Sides.of_groups([0, 3], [[0], [2, 5]], [[1], [7, 11, 12]])
+    cache = cache_of(model, saes)
+    entries = cache.sample(targets, True, 100, 0)
+    table = confirm(model, cache, saes, mlp, targets, NAMES, boosted={}, max_tokens=100, seed=0)
+    Q = interaction_matrices(mlp.W_gate.double(), mlp.W_in.double(), mlp.W_out.double(),
+                             out_sae.W_enc.T.double())  # [n_out, d, d]
+    for c in range(len(targets)):
+        source = cache.source[entries.token[entries.cand == c]].double()
+        z = sae_in.encode(source.float()).double()
+        side = lambda members: z[:, [m for m in members if m >= 0]] @ sae_in.W_dec.double()[[m for m in members if m >= 0]]  # noqa: E731
+        part_a, part_b = side(targets.a[c].tolist()), side(targets.b[c].tolist())
+        decoded = z @ sae_in.W_dec.double() + sae_in.b_dec.double()
+        b_dec = sae_in.b_dec.double().expand_as(source)
+        image = lambda v: v * mlp.g.double() / torch.sqrt(source.square().mean(1, keepdim=True) + mlp.eps)  # noqa: E731
+        x = image(source)
+        q = Q[int(targets.out[c])]
+        forms = torch.stack([(image(p) @ q * x).sum() for p in (part_a, part_b, decoded - b_dec - part_a - part_b,
+                                                                  b_dec, source - decoded)])
+        mine = table[(table["out_feature"] == int(targets.out[c]))]
+        want = (forms / (x @ q * x).sum()).numpy()
+        np.testing.assert_allclose(mine[[f"share_{p}" for p in PARTS]].to_numpy(), np.tile(want, (3, 1)), rtol=1e-4,
+                                   atol=1e-5)
+    assert (table[["share_a", "share_b", "share_bias", "share_error"]].abs() > 1e-3).all().all()  # every part counts

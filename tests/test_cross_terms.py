@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from circuits.bilinear import interaction_matrices, output_constant
-from circuits.cross_terms import (best_cross_directions, bilinear_parts, eigen_pair, group_blocks, orthonormal_span,
-                                  part_shares, split_by_groups)
+from circuits.cross_terms import (best_cross_directions, bilinear_vectors, eigen_pair, group_blocks, orthonormal_span,
+                                  part_gram, part_shares, split_by_groups, split_parts)
 
 F = torch.float64  # the identities are checked to 1e-10
 
@@ -93,8 +93,8 @@ def test_parts_add_up_to_the_mlp_output_on_random_weights():
     assert torch.allclose(parts.total, expected, atol=1e-10)
     Q = interaction_matrices(W_gate, W_in, W_out, U)
     assert torch.allclose(parts.cross, 2 * torch.einsum("td,cde,te->tc", x_a, Q, x_b), atol=1e-10)
-    assert torch.allclose(bilinear_parts(W_gate, W_in, W_out, U, x_a, x_b),
-                          bilinear_parts(W_gate, W_in, W_out, U, x_b, x_a), atol=1e-12)
+    assert torch.allclose(bilinear_vectors(W_gate, W_in, W_out, x_a, x_b),
+                          bilinear_vectors(W_gate, W_in, W_out, x_b, x_a), atol=1e-12)
 
 
 def test_best_cross_directions_beat_every_other_direction():
@@ -119,3 +119,35 @@ def test_orthonormal_span_keeps_the_form_of_a_rotated_basis():
     P = orthonormal_span(M)
     assert P.shape == (6, 3) and torch.allclose(P.T @ P, torch.eye(3, dtype=F), atol=1e-12)
     assert torch.allclose(P @ (P.T @ M), M, atol=1e-10)
+
+
+@pytest.mark.parametrize("per_row", [True, False])
+def test_the_gram_of_parts_and_its_split_are_the_brute_force_forms_of_a_random_symmetric_matrix(per_row):
+    # any symmetric Q = V diag(lam) V^T is a bilinear layer with W_gate = W_in = V reading lam: the parts'
+    # products with Q itself, one matrix per row (or per direction), must equal what the factored form gives
+    g = torch.Generator().manual_seed(4)
+    d, t, c = 6, 9, 3
+    Q = torch.randn(t if per_row else c, d, d, generator=g, dtype=F)
+    Q = Q + Q.transpose(1, 2)
+    lam, V = torch.linalg.eigh(Q)  # [n, d], [n, d, d]
+    x_a, x_b, x_rest = (torch.randn(t, d, generator=g, dtype=F) for _ in range(3))
+    parts = torch.stack([x_a, x_b, x_rest], 1)  # [t, 3, d]
+    if per_row:  # row s has its own Q_s: project each row on its own eigenvectors
+        gram = part_gram(torch.bmm(parts, V), torch.bmm(parts, V), lam)
+        brute = torch.einsum("tid,tde,tje->tij", parts, Q, parts)
+        form = lambda p, q: torch.einsum("td,tde,te->t", p, Q, q)  # noqa: E731
+    else:  # c matrices read at every row: one shared projection (V of each stacked side by side)
+        W = torch.cat(list(V), 1)  # [d, c d]
+        read = torch.block_diag(*lam[:, None, :])  # [c, c d]: direction u reads only its own eigenvectors' units
+        gram = part_gram(parts @ W, parts @ W, read[None])
+        brute = torch.einsum("tid,cde,tje->tcij", parts, Q, parts)
+        form = lambda p, q: torch.einsum("td,cde,te->tc", p, Q, q)  # noqa: E731
+    assert torch.allclose(gram, brute, atol=1e-10)
+    split = split_parts(gram)
+    want = {"self_a": form(x_a, x_a), "self_b": form(x_b, x_b), "cross": 2 * form(x_a, x_b),
+            "own_a": form(x_a, x_a) + 2 * form(x_a, x_rest), "own_b": form(x_b, x_b) + 2 * form(x_b, x_rest),
+            "rest": form(x_rest, x_rest)}
+    for name, value in want.items():
+        assert torch.allclose(getattr(split, name), value, atol=1e-10), name
+    x = x_a + x_b + x_rest
+    assert torch.allclose(split.total, form(x, x), atol=1e-10)  # the partition is whole

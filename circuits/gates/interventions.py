@@ -34,7 +34,8 @@ frozen at the clean token's, `pre - bias = rho^2 u(y)`, and `y = a + b + r` (sid
 side B's, and the rest of the input, the other latents, `b_dec` and the SAE's error) splits
 `u(y)` into `u(a)` and `u(b)` (the self terms), `2 a^T Q b` (the cross term), `2 a^T Q r` and
 `2 b^T Q r` (each side's products with the rest) and `u(r)`, each a dot product of the
-hidden units' products with f's read-out `W_out W_enc[:, f]`: the parts the gate types read
+hidden units' products with f's read-out `W_out W_enc[:, f]` (the Gram matrix of `a, b, r` under
+the form, `circuits.cross_terms.part_gram`, read by `split_parts`): the parts the gate types read
 (`circuits.gates.types`), summed per candidate beside the truth table.
 
 Per candidate four means over its tokens make its *intervention truth table*: `f` with both
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from circuits.cross_terms import GroupParts, part_gram, split_parts
 from circuits.gates.types import FORM_PARTS
 from circuits.sites import RESID_MID, check_input_site, input_gain
 from circuits.weights import MLPWeights, SAEWeights
@@ -167,17 +169,17 @@ class LayerIntervention:
 
     @torch.no_grad()
     def form_parts(self, projected: torch.Tensor, token: torch.Tensor, out: torch.Tensor, members_a: torch.Tensor,
-                   coef_a: torch.Tensor, members_b: torch.Tensor, coef_b: torch.Tensor) -> dict[str, torch.Tensor]:
+                   coef_a: torch.Tensor, members_b: torch.Tensor, coef_b: torch.Tensor) -> GroupParts:
         """The exact parts of f's pre-activation less `bias[f]` with the norm's factor frozen
         (module docstring), `[N]` each: `self_a`, `self_b`, `cross`, `own_a` (self plus the
-        products with the rest), `own_b`, `rest`; `own_a + own_b + cross + rest` is the clean
-        pre-activation less the bias. `projected [U, 2 d_mlp (+ d)]`: `project` of U tokens,
-        `token [N]` each row's among them; `out [N]`: the output; `members_a [N, Ma]`,
-        `members_b [N, Mb]` (-1 padding) and their latents there `coef_a, coef_b`."""
+        products with the rest), `own_b`, `rest` (`circuits.cross_terms.split_parts`); `own_a +
+        own_b + cross + rest` is the clean pre-activation less the bias. `projected [U, 2 d_mlp
+        (+ d)]`: `project` of U tokens, `token [N]` each row's among them; `out [N]`: the output;
+        `members_a [N, Ma]`, `members_b [N, Mb]` (-1 padding) and their latents there `coef_a, coef_b`."""
         d_mlp, N = self.mlp.W_gate.shape[1], len(token)
-        # the inputs a, b and the whole y = a + b + r side by side [N, 3, 2 d_mlp], and their `x W_in` times
-        # f's read-out, in buffers kept between calls: tens of MB at the demo's chunks, faulted in page by
-        # page when fresh (as in both_of_pairs)
+        # the parts a, b and r = y - a - b side by side [N, 3, 2 d_mlp], and their `x W_in` times f's read-out,
+        # in buffers kept between calls: tens of MB at the demo's chunks, faulted in page by page when fresh
+        # (as in both_of_pairs)
         if not self._form_buffers or self._form_buffers[0].shape[0] < N:
             self._form_buffers = (projected.new_empty(N, 3, 2 * d_mlp), projected.new_empty(N, 3, d_mlp),
                                   projected.new_empty(N, d_mlp))
@@ -188,20 +190,10 @@ class LayerIntervention:
             inputs[:, slot].index_add_(0, entry, self.taken.index_select(0, member)[:, : 2 * d_mlp]
                                        * c[:, None].to(self.taken.dtype))
         torch.index_select(projected[:, : 2 * d_mlp], 0, token, out=inputs[:, 2])
+        inputs[:, 2].sub_(inputs[:, 0]).sub_(inputs[:, 1])
         torch.index_select(self.read, 0, out, out=read)
-        scale = self.factor(projected[:, 2 * d_mlp :].index_select(0, token))
-        torch.mul(inputs[:, :, d_mlp:], (read * scale[:, None])[:, None, :], out=weighted)
-        # every product p_gate . (q_in * read) of a, b and y in one batched product [N, 3, 3]: nine row dot
-        # products one by one cost several times more (a pass over memory each)
-        dots = torch.bmm(inputs[:, :, :d_mlp], weighted.transpose(1, 2))
-        dot = lambda p, q: dots[:, p, q]  # noqa: E731
-        A, B, Y = 0, 1, 2
-        self_a, self_b, cross = dot(A, A), dot(B, B), dot(A, B) + dot(B, A)
-        # bilinearity gives the products with the rest from those with y: own_a = self_a + 2 a^T Q r, r = y - a - b
-        own_a = dot(A, Y) + dot(Y, A) - self_a - cross
-        own_b = dot(B, Y) + dot(Y, B) - self_b - cross
-        rest = dot(Y, Y) - own_a - own_b - cross
-        return {"self_a": self_a, "self_b": self_b, "cross": cross, "own_a": own_a, "own_b": own_b, "rest": rest}
+        read.mul_(self.factor(projected[:, 2 * d_mlp :].index_select(0, token))[:, None])
+        return split_parts(part_gram(inputs[:, :, :d_mlp], inputs[:, :, d_mlp:], read, work=weighted))
 
     @torch.no_grad()
     def pair_cross(self, a: torch.Tensor, b: torch.Tensor, block: int = 4096) -> torch.Tensor:
@@ -452,7 +444,7 @@ def intervention_table(layer: LayerIntervention, source: torch.Tensor, z: torch.
                     single[name] = (full[0], full[1], full[2][rows])
         parts = layer.form_parts(projected, token_of, out, a, coef_a, b, coef_b)
         for p in FORM_PARTS:
-            sums[f"form_{p}"].index_add_(0, cand, parts[p].double())
+            sums[f"form_{p}"].index_add_(0, cand, getattr(parts, p).double())
         acts = []
         for r in REMOVALS:
             pre, act = done[r]

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from circuits import forward
-from circuits.bilinear import interaction_matrices
+from circuits.cross_terms import part_gram
 from circuits.gates.interventions import LayerIntervention, Sides, latent_lookup, side_removal
 from circuits.sae_basis import token_scale
 from circuits.sites import MLP_IN, MLP_OUT, RESID_MID, input_gain
@@ -185,23 +185,23 @@ def _mlp_input_edit(cache: LayerCache, gain: torch.Tensor, removal: torch.Tensor
     return change_input
 
 
-def _form_parts(cache: LayerCache, entries, z, sides: Sides, sae_in, mlp: MLPWeights, sae_out, site: str) -> dict:
-    """Per candidate `[5]`: summed `img(p)^T Q x` of the parts A, B, other inputs, b_dec and
-    error (PARTS) over its entries; `img(v)` is v as the quadratic form reads it (times the
-    gain and the norm's factor on resid_mid)."""
-    found = {}
-    for c in entries.cand.unique().tolist():
-        mine = entries.cand == c
-        source, zc = cache.source[entries.token[mine]], z[mine]
-        root = token_scale(source.double(), cache.eps, site).sqrt()[:, None]
-        gain = input_gain(site, mlp.g)
-        image = lambda v: (v if gain is None else v * gain).double() * root  # noqa: E731
-        Q = interaction_matrices(mlp.W_gate, mlp.W_in, mlp.W_out, sae_out.W_enc.T[int(sides.out[c])][None])[0].double()
-        side = lambda members: zc[:, members[members >= 0]] @ sae_in.W_dec[members[members >= 0]]  # noqa: E731
-        part_a, part_b = side(sides.a[c]), side(sides.b[c])
-        reconstruction = sae_in.decode(zc)
-        bias = sae_in.b_dec.expand_as(source)
-        parts = [part_a, part_b, reconstruction - bias - part_a - part_b, bias, source - reconstruction]
-        Qx = image(source) @ Q
-        found[c] = torch.stack([(image(p) * Qx).sum() for p in parts])
-    return found
+def _form_parts(cache: LayerCache, entries, z: torch.Tensor, sides: Sides, sae_in, mlp: MLPWeights, sae_out,
+                site: str) -> torch.Tensor:
+    """`[C, 5]`: per candidate of `sides`, `img(p)^T Q x` of the parts A, B, other inputs, b_dec
+    and error (PARTS) summed over its entries (`z [E, n_in]`: the entries' latents); `img(v)` is
+    v as the quadratic form reads it (times the gain and the norm's factor on resid_mid). Each
+    is a row sum of the parts' Gram matrix under f's form (`circuits.cross_terms.part_gram`)."""
+    source, z = cache.source[entries.token].double(), z.double()
+    sae_in, mlp = sae_in.to(torch.float64), mlp.to(torch.float64)
+    side = lambda members: (z * torch.zeros_like(z).scatter_add_(1, members.clamp_min(0), (members >= 0).double())  # noqa: E731
+                            ) @ sae_in.W_dec
+    part_a, part_b = side(sides.a[entries.cand]), side(sides.b[entries.cand])
+    reconstruction = sae_in.decode(z)
+    bias = sae_in.b_dec.expand_as(source)
+    parts = torch.stack([part_a, part_b, reconstruction - bias - part_a - part_b, bias, source - reconstruction], 1)
+    gain = input_gain(site, mlp.g)
+    image = parts * token_scale(source, cache.eps, site).sqrt()[:, None, None]
+    image = image if gain is None else image * gain
+    read = (mlp.W_out @ sae_out.W_enc[:, sides.out[entries.cand]].double()).T  # [E, d_mlp]: each entry's output's read
+    each = part_gram(image @ mlp.W_gate, image @ mlp.W_in, read).sum(-1)  # [E, 5]
+    return each.new_zeros(len(sides), len(PARTS)).index_add_(0, entries.cand, each)

@@ -264,38 +264,33 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
                             (z[:, a] > 0).any(1) & (z[:, b] > 0).any(1)))
     sides += _probe_sides(x, negated, context, context_classes)
     out, crosses = [], {}
+    weights = {}  # per pair of groups, what the weights say: the same for every context class read on them
     for side in sides:
-        key = f"its {side.source} cross term"
-        if side.source == "labels" or key not in crosses:  # the probe's sides are one pair for both classes
-            crosses[key] = crosses.get(key, 0) + 2 * bilinear_vectors(mlp.W_gate, mlp.W_in, mlp.W_out, side.x_a,
-                                                                        side.x_b)
+        if (side.source, side.group_b) not in weights:
+            key = f"its {side.source} cross term"
+            crosses[key] = crosses.get(key, 0) + 2 * bilinear_vectors(mlp.W_gate, mlp.W_in, mlp.W_out, side.x_a, side.x_b)
+            weights[side.source, side.group_b] = _weight_rows(mlp, side, fixed, cfg)
+        directions, unit, blocks, top, bottom = weights[side.source, side.group_b]
+        p, q = side.M_a.shape[1], side.M_b.shape[1]
+        # only the context class's negated positions are read: each token's parts are computed for its class alone
         where = negated & (context == context_classes.index(side.context) + 1)
-        best, _ = best_cross_directions(mlp.W_gate, mlp.W_in, mlp.W_out, side.M_a, side.M_b, cfg.n_best)
-        directions = fixed + [("best-cross", str(i), best[i]) for i in range(best.shape[0])]
-        U = torch.stack([d for *_, d in directions])
-        unit = U / U.norm(dim=1, keepdim=True).clamp_min(1e-30)
-        M = torch.cat([side.M_a, side.M_b], 1)
-        p = side.M_a.shape[1]
-        form = interaction_matrices(M.T @ mlp.W_gate, M.T @ mlp.W_in, mlp.W_out, unit)
-        blocks = group_blocks(form, torch.arange(p), p + torch.arange(M.shape[1] - p))
-        P = orthonormal_span(M)
-        top, bottom = eigen_pair(interaction_matrices(P.T @ mlp.W_gate, P.T @ mlp.W_in, mlp.W_out, unit))
-        split = split_by_groups(mlp.W_gate, mlp.W_in, mlp.W_out, unit, side.x_a, side.x_b, x - side.x_a - side.x_b)
-        shares = part_shares(split, where)
-        to_r = factor * (gain if gain is not None else 1.0)  # the input's parts as parts of the SAE's site
-        r_a, r_b = (torch.where(to_r != 0, v / to_r, torch.zeros_like(v)) for v in (side.x_a, side.x_b))
-        kept = ((r - r_a - r_b).square().sum(1) / r.square().sum(1))[where].mean()  # what the norm sees left
-        renormed = (_renormed_cross(mlp, r, r_a, r_b, gain, saes.input_site) @ unit.T)[where].mean(0) \
-            / split.total[where].abs().mean(0)
+        x_a, x_b, x_w, r_w = side.x_a[where], side.x_b[where], x[where], r[where]
+        split = split_by_groups(mlp.W_gate, mlp.W_in, mlp.W_out, unit, x_a, x_b, x_w - x_a - x_b)
+        shares = part_shares(split)
+        to_r = factor[where] * (gain if gain is not None else 1.0)  # the input's parts as parts of the SAE's site
+        r_a, r_b = (torch.where(to_r != 0, v / to_r, torch.zeros_like(v)) for v in (x_a, x_b))
+        kept = ((r_w - r_a - r_b).square().sum(1) / r_w.square().sum(1)).mean()  # what the norm sees left
+        renormed = (_renormed_cross(mlp, r_w, r_a, r_b, gain, saes.input_site) @ unit.T).mean(0) \
+            / split.total.abs().mean(0)
         both_on = float(side.both_on[where].double().mean()) if side.both_on is not None and where.any() else None
         i = U_sae.shape[0]  # the logit direction follows the SAE's features
-        logits = _in_logits(split, i, logit.norm() * to_logit, where,
+        logits = _in_logits(split, i, logit.norm() * to_logit[where],
                             float(unit[i] @ output_constant(mlp.W_out, mlp.b_in, mlp.b_out)))
         for i, (kind, name, _) in enumerate(directions):
             active = float(active_out[where, int(name)].double().mean()) if kind == "sae" and where.any() else None
             out.append({
                 "layer": layer, "context": side.context, "source": side.source, "group_b": side.group_b, "n_a": p,
-                "n_b": M.shape[1] - p, "kind": kind, "direction": name, "n_tokens": shares.n_tokens,
+                "n_b": q, "kind": kind, "direction": name, "n_tokens": shares.n_tokens,
                 "both_on": both_on, "active": active, "mean_output": float(shares.total[i]),
                 "share_own_a": float(shares.own_a[i]), "share_own_b": float(shares.own_b[i]),
                 "share_cross": float(shares.cross[i]), "share_rest": float(shares.rest[i]),
@@ -306,6 +301,23 @@ def _layer_rows(model, layer, saes, acts, pairs, context_classes, negated, conte
                 "square_kept": float(kept),
                 **(logits if kind == "logit" else {})})
     return out, crosses
+
+
+def _weight_rows(mlp, side: _Sides, fixed: list[tuple], cfg: NegationScan) -> tuple:
+    """What the weights say of one pair of groups: the output directions (`fixed`, then the pair's
+    best cross directions) as `(kind, name, vector)` and as unit rows `[c, d_out]`, the 2-group
+    form's blocks (`GroupBlocks`) and its eigenvalue pair (each `[c]`)."""
+    best, _ = best_cross_directions(mlp.W_gate, mlp.W_in, mlp.W_out, side.M_a, side.M_b, cfg.n_best)
+    directions = fixed + [("best-cross", str(i), best[i]) for i in range(best.shape[0])]
+    U = torch.stack([d for *_, d in directions])
+    unit = U / U.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    M = torch.cat([side.M_a, side.M_b], 1)
+    p = side.M_a.shape[1]
+    form = interaction_matrices(M.T @ mlp.W_gate, M.T @ mlp.W_in, mlp.W_out, unit)
+    blocks = group_blocks(form, torch.arange(p), p + torch.arange(M.shape[1] - p))
+    P = orthonormal_span(M)
+    top, bottom = eigen_pair(interaction_matrices(P.T @ mlp.W_gate, P.T @ mlp.W_in, mlp.W_out, unit))
+    return directions, unit, blocks, top, bottom
 
 
 def _renormed_cross(mlp, r: torch.Tensor, r_a: torch.Tensor, r_b: torch.Tensor, gain, site: str) -> torch.Tensor:
@@ -321,14 +333,13 @@ def _renormed_cross(mlp, r: torch.Tensor, r_a: torch.Tensor, r_b: torch.Tensor, 
     return output(r) - output(r - r_a) - output(r - r_b) + output(r - r_a - r_b)
 
 
-def _in_logits(split: GroupParts, i: int, factor: torch.Tensor, where: torch.Tensor, constant: float
-               ) -> dict[str, float]:
+def _in_logits(split: GroupParts, i: int, factor: torch.Tensor, constant: float) -> dict[str, float]:
     """The logit direction's parts (direction `i` of `split`, a unit vector) as mean direct effects
     on the logit difference toward the next word's class: each token's part times `factor [t]`;
     `logit_total` adds the MLP's constant along the direction, so it is the MLP's whole direct effect."""
-    found = {f"logit_{name}": float((getattr(split, name)[:, i] * factor)[where].mean())
+    found = {f"logit_{name}": float((getattr(split, name)[:, i] * factor).mean())
              for name in ("own_a", "own_b", "cross", "rest")}
-    found["logit_constant"] = float((constant * factor)[where].mean())
+    found["logit_constant"] = float((constant * factor).mean())
     found["logit_total"] = sum(found.values())
     return found
 
