@@ -153,10 +153,11 @@ def attribution_graph(prompt: str, model: HookedTransformer, saes: dict, tokeniz
     from bilinear_circuits.layer import _sae
     from circuits.attribution import LayerSAETensors
     from circuits.sites import INPUT_SITES
-    from pipelines.graph.build import GRAPH_DEVICE, GraphConfig, build_graph, float64_copy, target_id
+    from pipelines.graph.build import GRAPH_DEVICE, GraphConfig, build_graph, check_graph_request, float64_copy
 
     cfg = config or GraphConfig()
     tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    check_graph_request([prompt], ["prompt"], tokenizer, cfg, model.cfg.n_ctx, truncate)
     if not saes:
         raise ValueError("saes: give at least one layer's (sae_in, sae_out)")
     tensors = {}
@@ -165,7 +166,5 @@ def attribution_graph(prompt: str, model: HookedTransformer, saes: dict, tokeniz
         site = p_in[1] if p_in is not None and p_in[1] in INPUT_SITES else cfg.input_site
         f64 = lambda w: w.to(torch.float64, GRAPH_DEVICE)  # noqa: E731
         tensors[int(layer)] = LayerSAETensors(f64(w_in), site, f64(w_out))
-    if cfg.target is not None:
-        target_id(cfg.target, tokenizer)
     built = build_graph(prompt, float64_copy(model), tokenizer, tensors, cfg, truncate=truncate)
     return Graph(built, descriptions)
