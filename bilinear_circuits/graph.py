@@ -25,19 +25,16 @@ class Graph:
     """
 
     def __init__(self, built, descriptions: pd.DataFrame | None = None):
-        from pipelines.graph.export import and_frame, edge_frame, node_frame
+        from pipelines.graph.export import feature_rows, graph_frames
 
         self._built = built
         self._descriptions = descriptions
-        text = {}
-        if descriptions is not None and len(descriptions):
-            text = {(int(r.layer), r.site, int(r.feature)): r.description
-                    for r in descriptions[["layer", "site", "feature", "description"]].itertuples()}
-        self.nodes: pd.DataFrame = node_frame(built, text)
+        nodes, edges, ands = graph_frames(built, feature_rows(descriptions))
+        self.nodes: pd.DataFrame = nodes
         """Every node of the unpruned graph (the `graph_nodes` table's columns)."""
-        self.edges: pd.DataFrame = edge_frame(built, self.nodes)
+        self.edges: pd.DataFrame = edges
         """The edges pruning kept: source, target, weight (the `graph_edges` table's columns)."""
-        self.and_edges: pd.DataFrame = and_frame(built, self.nodes)
+        self.and_edges: pd.DataFrame = ands
         """The AND hyperedges kept per output feature (the `graph_and_edges` table's columns)."""
 
     def __repr__(self) -> str:
@@ -95,11 +92,12 @@ class Graph:
     def save(self, folder: str | Path) -> Path:
         """Write circuit-tracer's files under `folder/graphs/` (the graph's JSON, the feature
         files, `graph-metadata.json`) and the graph tables under `folder/tables/`, as the
-        `graph` command does for a run folder; returns the JSON's path."""
+        `graph` command does for a run folder, from the frames the graph holds; returns the
+        JSON's path."""
         from pipelines.engine.paths import RunPaths
         from pipelines.graph.export import write_graph
 
-        return write_graph(self._built, RunPaths(folder), self._descriptions)
+        return write_graph(self._built, RunPaths(folder), self._descriptions, (self.nodes, self.edges, self.and_edges))
 
     def serve(self, folder: str | Path, port: int = 0) -> "Viewer":
         """Save the graph under `folder` and serve `folder/graphs/` in circuit-tracer's viewer on

@@ -404,6 +404,25 @@ def test_a_graph_saves_circuit_tracers_files_and_serves_them(byo, tmp_path):
         viewer.stop()
 
 
+def test_saving_a_graph_writes_the_frames_it_holds(byo, tmp_path, monkeypatch):
+    """`Graph.save` writes the node, edge and AND frames the graph built, not new ones."""
+    import pipelines.graph.export
+
+    model, tok, sae_in, sae_out, _, tables = byo
+    built = {name: _counted(monkeypatch, pipelines.graph.export, name) for name in ("node_frame", "edge_frame",
+                                                                                   "and_frame")}
+    graph = bc.attribution_graph("she was not happy", model, {LAYER: (sae_in, sae_out)}, tok,
+                                 descriptions=tables["features"])
+    graph.save(tmp_path)
+    assert {name: len(calls) for name, calls in built.items()} == {"node_frame": 1, "edge_frame": 1, "and_frame": 1}
+    for name, frame, key in (("graph_nodes", graph.nodes, ["node_id"]), ("graph_edges", graph.edges, ["source", "target"]),
+                             ("graph_and_edges", graph.and_edges, ["target", "source_a", "source_b"])):
+        written = pd.read_parquet(tmp_path / "tables" / name)[frame.columns]  # written in the table's sort order
+        assert len(frame) > 0, name
+        pd.testing.assert_frame_equal(written.sort_values(key, ignore_index=True), frame.sort_values(key, ignore_index=True),
+                                      check_dtype=False, obj=name)
+
+
 def test_the_report_and_the_explorer_from_python(small_demo, tmp_path):
     import shutil
 
