@@ -194,14 +194,14 @@ def cmd_stage(args: argparse.Namespace) -> None:
     chosen layers (usage errors before any work), the stage, and what its command shows."""
     import importlib
 
-    from pipelines.calls import table_stage
+    from pipelines.calls import stage_plan, table_stage
     from pipelines.options import job_from
 
     stage = importlib.import_module(f"pipelines.stages.{args.stage}")
     job = job_from(args, stage.COMMAND.job)
     ctx = _Context(args)
-    job.plan(ctx.run, ctx.inputs, ctx.layers)  # usage errors before the corpus is tokenized
-    plan, result = table_stage(args.stage, ctx.work(), job, ctx.layers, ctx.runtime)
+    plan = stage_plan(args.stage, job, ctx.run, ctx.inputs, ctx.layers)  # before the corpus is tokenized
+    result = table_stage(args.stage, ctx.work(), job, plan, ctx.runtime)
     stage.COMMAND.show(args, ctx.run, plan, result)
 
 
