@@ -32,8 +32,10 @@ class Run:
         input_site: which input SAEs' circuit tables to read (`resid_mid`, or `mlp_in` when the
             run has them).
 
-    Everything loads on first use. Tables are filtered to the output SAE's features (the
-    `outputs` value `sae`) and `input_site`, as the report and the explorer show them.
+    Everything loads on first use and is kept for later calls (the model, the SAEs, the token
+    store, each `Layer`, the graphs' float64 copy of the model). Tables are filtered to the
+    output SAE's features (the `outputs` value `sae`) and `input_site`, as the report and the
+    explorer show them.
     """
 
     def __init__(self, folder: str | Path, device: str = "cpu", input_site: str = DEFAULT_INPUT_SITE):
