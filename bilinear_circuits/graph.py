@@ -25,19 +25,16 @@ class Graph:
     """
 
     def __init__(self, built, descriptions: pd.DataFrame | None = None):
-        from pipelines.graph.export import and_frame, edge_frame, node_frame
+        from pipelines.graph.export import feature_rows, graph_frames
 
         self._built = built
         self._descriptions = descriptions
-        text = {}
-        if descriptions is not None and len(descriptions):
-            text = {(int(r.layer), r.site, int(r.feature)): r.description
-                    for r in descriptions[["layer", "site", "feature", "description"]].itertuples()}
-        self.nodes: pd.DataFrame = node_frame(built, text)
+        nodes, edges, ands = graph_frames(built, feature_rows(descriptions))
+        self.nodes: pd.DataFrame = nodes
         """Every node of the unpruned graph (the `graph_nodes` table's columns)."""
-        self.edges: pd.DataFrame = edge_frame(built, self.nodes)
+        self.edges: pd.DataFrame = edges
         """The edges pruning kept: source, target, weight (the `graph_edges` table's columns)."""
-        self.and_edges: pd.DataFrame = and_frame(built, self.nodes)
+        self.and_edges: pd.DataFrame = ands
         """The AND hyperedges kept per output feature (the `graph_and_edges` table's columns)."""
 
     def __repr__(self) -> str:
@@ -95,11 +92,12 @@ class Graph:
     def save(self, folder: str | Path) -> Path:
         """Write circuit-tracer's files under `folder/graphs/` (the graph's JSON, the feature
         files, `graph-metadata.json`) and the graph tables under `folder/tables/`, as the
-        `graph` command does for a run folder; returns the JSON's path."""
+        `graph` command does for a run folder, from the frames the graph holds; returns the
+        JSON's path."""
         from pipelines.engine.paths import RunPaths
         from pipelines.graph.export import write_graph
 
-        return write_graph(self._built, RunPaths(folder), self._descriptions)
+        return write_graph(self._built, RunPaths(folder), self._descriptions, (self.nodes, self.edges, self.and_edges))
 
     def serve(self, folder: str | Path, port: int = 0) -> "Viewer":
         """Save the graph under `folder` and serve `folder/graphs/` in circuit-tracer's viewer on
@@ -153,10 +151,11 @@ def attribution_graph(prompt: str, model: HookedTransformer, saes: dict, tokeniz
     from bilinear_circuits.layer import _sae
     from circuits.attribution import LayerSAETensors
     from circuits.sites import INPUT_SITES
-    from pipelines.graph.build import GRAPH_DEVICE, GraphConfig, build_graph, float64_copy, target_id
+    from pipelines.graph.build import GRAPH_DEVICE, GraphConfig, build_graph, check_graph_request, float64_copy
 
     cfg = config or GraphConfig()
     tokenizer = getattr(tokenizer, "backend_tokenizer", tokenizer)
+    check_graph_request([prompt], ["prompt"], tokenizer, cfg, model.cfg.n_ctx, truncate)
     if not saes:
         raise ValueError("saes: give at least one layer's (sae_in, sae_out)")
     tensors = {}
@@ -165,7 +164,5 @@ def attribution_graph(prompt: str, model: HookedTransformer, saes: dict, tokeniz
         site = p_in[1] if p_in is not None and p_in[1] in INPUT_SITES else cfg.input_site
         f64 = lambda w: w.to(torch.float64, GRAPH_DEVICE)  # noqa: E731
         tensors[int(layer)] = LayerSAETensors(f64(w_in), site, f64(w_out))
-    if cfg.target is not None:
-        target_id(cfg.target, tokenizer)
     built = build_graph(prompt, float64_copy(model), tokenizer, tensors, cfg, truncate=truncate)
     return Graph(built, descriptions)

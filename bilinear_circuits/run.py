@@ -32,8 +32,10 @@ class Run:
         input_site: which input SAEs' circuit tables to read (`resid_mid`, or `mlp_in` when the
             run has them).
 
-    Everything loads on first use. Tables are filtered to the output SAE's features (the
-    `outputs` value `sae`) and `input_site`, as the report and the explorer show them.
+    Everything loads on first use and is kept for later calls (the model, the SAEs, the token
+    store, each `Layer`, the graphs' float64 copy of the model). Tables are filtered to the
+    output SAE's features (the `outputs` value `sae`) and `input_site`, as the report and the
+    explorer show them.
     """
 
     def __init__(self, folder: str | Path, device: str = "cpu", input_site: str = DEFAULT_INPUT_SITE):
@@ -50,6 +52,10 @@ class Run:
         self.device = device
         self._inputs = ModelInputs(self.paths.lm, device)
         self._tables: dict[str, pd.DataFrame | None] = {}
+        # what a notebook asks for again and again, loaded on the first ask
+        self._layer_objects: dict[int, Layer] = {}
+        self._pairs: dict[int, object] = {}  # layer -> LayerSAEs at input_site
+        self._graph_saes: dict[str, dict] = {}  # input site -> {layer: float64 LayerSAETensors}
 
     def __repr__(self) -> str:
         return f"Run({str(self.folder)!r}: {self.config.n_layers} layers, tables {self.table_names})"
@@ -151,23 +157,31 @@ class Run:
         job = CircuitsJob.from_json(demo) if demo is not None else CircuitsJob()
         return job.analysis, job.corr_rows
 
-    def layer(self, layer: int) -> Layer:
-        """Layer `layer` with the run's model and SAEs, measured on the held-out tokens the
-        `circuits` stage read (its recorded settings: the stamp of the layer's tables, else the
-        demo's config, else the defaults), descriptions joined."""
+    @cached_property
+    def _store(self):
+        """The token store of the corpus the model was trained on (the stages' held-out rows)."""
         from pipelines.calls import corpus_source, stage_inputs
         from pipelines.data.corpus import CorpusConfig
 
-        saes = self._layer_saes(layer)
-        cfg, rows = self._circuits_settings(layer)
         source, corpus = corpus_source(self.paths, self.paths.lm)
-        store = stage_inputs(self.paths, self._inputs, source, corpus or CorpusConfig()).store
-        tokens = store.held_out.batch(slice(0, min(rows, len(store.held_out))))
-        found = Layer(self.model, saes.sae_in, saes.sae_out, layer, tokens=tokens, tokenizer=self.tokenizer,
-                      config=cfg, input_site=self.input_site, descriptions=self._read("features"),
-                      labels=self._read("feature_labels"))
-        found._verdict_rows, found._untrained = store.held_out, self._inputs.untrained
-        return found
+        return stage_inputs(self.paths, self._inputs, source, corpus or CorpusConfig()).store
+
+    def layer(self, layer: int) -> Layer:
+        """Layer `layer` with the run's model and SAEs, measured on the held-out tokens the
+        `circuits` stage read (its recorded settings: the stamp of the layer's tables, else the
+        demo's config, else the defaults), descriptions joined. Made once per layer: later calls
+        give the same object."""
+        saes = self._layer_saes(layer)
+        if layer not in self._layer_objects:
+            cfg, rows = self._circuits_settings(layer)
+            held_out = self._store.held_out
+            tokens = held_out.batch(slice(0, min(rows, len(held_out))))
+            found = Layer(self.model, saes.sae_in, saes.sae_out, layer, tokens=tokens, tokenizer=self.tokenizer,
+                          config=cfg, input_site=self.input_site, descriptions=self._read("features"),
+                          labels=self._read("feature_labels"))
+            found._verdict_rows, found._untrained = held_out, self._inputs.untrained
+            self._layer_objects[layer] = found
+        return self._layer_objects[layer]
 
     def _rules(self, layer: int):
         """The `VerdictConfig` the verdicts stage used for `layer`: its stamp's, else the demo's
@@ -183,11 +197,15 @@ class Run:
         return VerdictsJob.from_json({k: v for k, v in recorded.items() if k != "format"}).rules
 
     def _layer_saes(self, layer: int):
+        """The `LayerSAEs` of `layer` at `input_site`, loaded and checked once."""
         from pipelines.inputs import plan_layers
 
         if layer not in self.layers:
             raise ValueError(f"layer {layer} does not exist: the model has {self.config.n_layers}")
-        return plan_layers(self.paths, self._inputs, [layer], None, self.input_site)[layer].saes(self._inputs)
+        if layer not in self._pairs:
+            plan = plan_layers(self.paths, self._inputs, [layer], None, self.input_site)[layer]
+            self._pairs[layer] = plan.saes(self._inputs)
+        return self._pairs[layer]
 
     def feature(self, layer: int, feature: int, verdicts: bool = True) -> Feature:
         """Output feature `feature` of `layer`: its rows of the run's tables, or, where the run has
@@ -205,8 +223,8 @@ class Run:
             n_out = self._read("lowrank")
             if n_out is not None and feature not in set(n_out.loc[n_out["layer"] == layer, "out_feature"]):
                 raise ValueError(f"feature: layer {layer} has no output feature {feature}")
-            saes = self._layer_saes(layer)
-            submatrix = lambda inputs: interaction_submatrix(self.model, layer, feature, saes, inputs)  # noqa: E731
+            submatrix = lambda inputs: interaction_submatrix(  # noqa: E731
+                self.model, layer, feature, self._layer_saes(layer), inputs)
             return Feature(layer, int(feature), self.input_site, tables, self._read("features"), submatrix)
         return self.layer(layer).feature(feature, verdicts, self._rules(layer) if verdicts else None)
 
@@ -234,14 +252,30 @@ class Run:
 
     def graph(self, prompt: str, config=None, truncate: bool = False) -> Graph:
         """The attribution graph of `prompt` through the run's model and the SAE pairs of every
-        layer that has both (`GraphConfig` in `config`); nothing is written (see `Graph.save`)."""
-        from pipelines.graph.build import GraphConfig, build_graph, float64_copy, load_layer_saes, target_id
-        from pipelines.jobs import GraphJob
+        layer that has both (`GraphConfig` in `config`); nothing is written (see `Graph.save`).
+        The float64 copy of the model and the SAEs are made on the first graph and kept."""
+        from pipelines.graph.build import GraphConfig, build_graph, check_graph_request
 
         cfg = config or GraphConfig(input_site=self.input_site)
-        job = GraphJob(graph=cfg)
-        saes = load_layer_saes(self.paths, self._inputs, job.plan(self.paths, self._inputs, self.layers))
-        if cfg.target is not None:
-            target_id(cfg.target, self.tokenizer)
-        built = build_graph(prompt, float64_copy(self._inputs.model), self.tokenizer, saes, cfg, truncate=truncate)
+        check_graph_request([prompt], ["prompt"], self.tokenizer, cfg, self.config.n_ctx, truncate)
+        built = build_graph(prompt, self._graph_model, self.tokenizer, self._graph_saes_at(cfg.input_site), cfg,
+                            truncate=truncate)
         return Graph(built, self._read("features"))
+
+    @cached_property
+    def _graph_model(self):
+        """The float64 copy of the model that graphs are computed on (the model itself untouched)."""
+        from pipelines.graph.build import float64_copy
+
+        return float64_copy(self.model)
+
+    def _graph_saes_at(self, input_site: str) -> dict:
+        """`{layer: LayerSAETensors}` in float64 of every layer with SAEs at `input_site` and `mlp_out`."""
+        from pipelines.graph.build import GraphConfig, load_layer_saes
+        from pipelines.jobs import GraphJob
+
+        if input_site not in self._graph_saes:
+            job = GraphJob(graph=GraphConfig(input_site=input_site))
+            self._graph_saes[input_site] = load_layer_saes(self.paths, self._inputs,
+                                                           job.plan(self.paths, self._inputs, self.layers))
+        return self._graph_saes[input_site]

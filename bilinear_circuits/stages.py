@@ -88,7 +88,7 @@ def run_stage(stage: str, folder: str | Path, job=None, layers: list[int] | None
     now, or the verdicts' candidates)."""
     import importlib
 
-    from pipelines.calls import TABLE_STAGES, check_layers, table_stage
+    from pipelines.calls import TABLE_STAGES, check_layers, stage_plan, table_stage
 
     if stage not in TABLE_STAGES:
         raise ValueError(f"stage must be one of {', '.join(TABLE_STAGES)}, not {stage!r}")
@@ -96,8 +96,8 @@ def run_stage(stage: str, folder: str | Path, job=None, layers: list[int] | None
     runtime = _runtime(runtime)
     with _locked(folder, stage):
         work = _work(folder, model, corpus, corpus_config, runtime)
-        chosen = check_layers(layers, work.lm.config.n_layers)
-        return table_stage(stage, work, job, chosen, runtime)[1]
+        plan = stage_plan(stage, job, work.run, work.lm, check_layers(layers, work.lm.config.n_layers))
+        return table_stage(stage, work, job, plan, runtime)
 
 
 def run_demo(folder: str | Path, config=None, runtime=None) -> None:

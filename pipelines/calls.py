@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the command line imports this module to build its parser: torch waits for a command
     from pipelines.data.corpus import CorpusConfig
     from pipelines.engine.paths import RunPaths
-    from pipelines.inputs import ModelInputs, StageInputs
+    from pipelines.inputs import LayerPlan, ModelInputs, StageInputs
     from pipelines.runtime import Runtime
 
 TABLE_STAGES = ("circuits", "features", "verdicts")  # modules of pipelines.stages, one command each, in this order
@@ -64,17 +64,26 @@ def check_layers(layers: list[int] | None, n_layers: int, name: str = "layers") 
     return chosen
 
 
-def table_stage(stage: str, work: StageInputs, job, layers: list[int], runtime: Runtime):
-    """Run table stage `stage` (one of `TABLE_STAGES`) with its job config on `layers`:
-    `(plan, result)`, the per-layer plan and what the stage's `result` gives."""
+def stage_plan(stage: str, job, run: RunPaths, inputs: ModelInputs, layers: list[int]) -> dict[int, LayerPlan]:
+    """The per-layer plan of table stage `stage` (one of `TABLE_STAGES`) with its job config on
+    `layers` (`SAEChoice.plan`): the usage errors of the stage, its job and the SAEs, made once
+    before any work and handed to `table_stage`."""
     import importlib
-
-    from pipelines.stages import ensure
 
     if stage not in TABLE_STAGES:
         raise ValueError(f"stage must be one of {', '.join(TABLE_STAGES)}, not {stage!r}")
     module = importlib.import_module(f"pipelines.stages.{stage}")
     if not isinstance(job, module.COMMAND.job):
         raise ValueError(f"the {stage} stage takes a {module.COMMAND.job.__name__}, not a {type(job).__name__}")
-    plan = job.plan(work.run, work.lm, layers)
-    return plan, ensure(module.STAGE, work, job, plan, runtime)
+    return job.plan(run, inputs, layers)
+
+
+def table_stage(stage: str, work: StageInputs, job, plan: dict[int, LayerPlan], runtime: Runtime):
+    """Run table stage `stage` with its job config on the layers of `plan` (`stage_plan`):
+    what the stage's `result` gives."""
+    import importlib
+
+    from pipelines.stages import ensure
+
+    module = importlib.import_module(f"pipelines.stages.{stage}")
+    return ensure(module.STAGE, work, job, plan, runtime)

@@ -194,14 +194,14 @@ def cmd_stage(args: argparse.Namespace) -> None:
     chosen layers (usage errors before any work), the stage, and what its command shows."""
     import importlib
 
-    from pipelines.calls import table_stage
+    from pipelines.calls import stage_plan, table_stage
     from pipelines.options import job_from
 
     stage = importlib.import_module(f"pipelines.stages.{args.stage}")
     job = job_from(args, stage.COMMAND.job)
     ctx = _Context(args)
-    job.plan(ctx.run, ctx.inputs, ctx.layers)  # usage errors before the corpus is tokenized
-    plan, result = table_stage(args.stage, ctx.work(), job, ctx.layers, ctx.runtime)
+    plan = stage_plan(args.stage, job, ctx.run, ctx.inputs, ctx.layers)  # before the corpus is tokenized
+    result = table_stage(args.stage, ctx.work(), job, plan, ctx.runtime)
     stage.COMMAND.show(args, ctx.run, plan, result)
 
 
@@ -232,7 +232,7 @@ def cmd_explore(args: argparse.Namespace):
 
 def cmd_graph(args: argparse.Namespace):
     from pipelines.engine.paths import RunPaths
-    from pipelines.graph.build import read_prompts, target_id
+    from pipelines.graph.build import read_prompts
     from pipelines.graph.export import read_index
     from pipelines.graph.serve import graph_server, served_lines
     from pipelines.graph.stage import describe, make_graphs
@@ -247,8 +247,6 @@ def cmd_graph(args: argparse.Namespace):
         read_index(run.graph_index)  # an index the graphs cannot be added to: said before any work
         runtime = _runtime(args)
         inputs = ModelInputs(Path(args.model or run.lm), runtime.device)
-        if job.graph.target is not None:  # a usage error names the flag, before any work
-            target_id(job.graph.target, inputs.tokenizer, name="--target")
         with runtime.torch_threads():
             graphs = make_graphs(run, inputs, job, prompts, args.layer, where=where)
         for pg in graphs:

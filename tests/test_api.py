@@ -201,6 +201,20 @@ def test_a_graph_leaves_the_callers_model_as_it_was(byo):
     assert len(cut.tokens) == 64
 
 
+def test_a_bad_target_is_refused_by_its_argument_before_any_work(byo, small_demo, monkeypatch):
+    import pipelines.graph.build
+
+    model, tok, sae_in, sae_out, _, _ = byo
+    copies = _counted(monkeypatch, pipelines.graph.build, "float64_copy")
+    bad = bc.GraphConfig(target="zzqqxx unicorn")
+    named = r"^config.target 'zzqqxx unicorn' is not a token of the vocabulary \(it splits into \["
+    with pytest.raises(ValueError, match=named):
+        bc.attribution_graph("she was not", model, {LAYER: (sae_in, sae_out)}, tok, bad)
+    with pytest.raises(ValueError, match=named):
+        bc.open_run(small_demo).graph("she was not", bad)
+    assert copies == []
+
+
 # ------------------------------------------------------------------ a run folder: the small demo
 
 
@@ -289,6 +303,71 @@ def test_a_feature_without_tables_is_computed_alone_with_the_runs_numbers(small_
     assert len(feature.verdicts) >= 1 and feature.verdicts["verdict"].notna().all()
 
 
+def _counted(monkeypatch, module, name: str) -> list:
+    """Replace `module.name` by a wrapper that records each call's arguments; the record."""
+    calls, real = [], getattr(module, name)
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counting)
+    return calls
+
+
+def _busy_feature(small_demo, layer: int) -> int:
+    lowrank = _parquet(small_demo, "lowrank")
+    busy = lowrank[(lowrank["layer"] == layer) & (lowrank["n_eigs"] == 2) & lowrank["corr_active"].notna()]
+    return int(busy.sort_values("n_active").iloc[-1]["out_feature"])
+
+
+def test_a_run_loads_its_saes_tokens_and_graph_model_once(small_demo, tmp_path, monkeypatch):
+    """A notebook asks a run for features, layers and graphs again and again: the SAEs, the token
+    store and the graphs' float64 model are loaded on the first call, not on every call."""
+    import pipelines.graph.build
+    import pipelines.inputs
+    import pipelines.stages
+
+    copy_ = _without_circuit_tables(small_demo, tmp_path, 1)  # layer 1 computed alone, layer 0 from tables
+    saes = _counted(monkeypatch, pipelines.inputs, "load_sae")
+    stores = _counted(monkeypatch, pipelines.stages, "ensure_tokens")
+    copies = _counted(monkeypatch, pipelines.graph.build, "float64_copy")
+    run = bc.open_run(copy_)
+    alone, tabled = _busy_feature(small_demo, 1), _busy_feature(small_demo, 0)
+    for _ in range(2):
+        run.feature(1, alone, verdicts=False)
+        run.feature(0, tabled).interactions_figure()  # the figure reads the layer's SAEs
+        run.layer(1)
+    assert run.layer(1) is run.layer(1)
+    assert len(stores) == 1
+    assert sorted(str(call[0]) for call in saes) == sorted(str(run.paths.sae(layer, site)) for layer in (0, 1)
+                                                           for site in ("resid_mid", "mlp_out"))
+    saes.clear()
+    for _ in range(2):
+        run.graph("she was not")
+    assert len(copies) == 1
+    assert len(saes) == 4  # both layers' pairs once, as float64 tensors for the graphs
+
+
+def test_a_runs_cached_results_equal_a_fresh_runs(small_demo, tmp_path):
+    copy_ = _without_circuit_tables(small_demo, tmp_path, 1)
+    f = _busy_feature(small_demo, 1)
+    run = bc.open_run(copy_)
+    run.feature(1, f)
+    run.graph("she was not")
+    again, fresh = run.feature(1, f), bc.open_run(copy_).feature(1, f)
+    from bilinear_circuits.run import FEATURE_TABLES
+
+    compared = [name for name in FEATURE_TABLES if fresh.table(name) is not None]
+    assert {"interactions", "lowrank", "pair_gates", "gate_verdicts"} <= set(compared)
+    for name in FEATURE_TABLES:
+        if name in compared:
+            pd.testing.assert_frame_equal(again.table(name), fresh.table(name), obj=name)
+        else:
+            assert again.table(name) is None, name
+    pd.testing.assert_frame_equal(run.graph("she was not").nodes, bc.open_run(copy_).graph("she was not").nodes)
+
+
 def test_a_stage_called_from_python_writes_the_clis_tables(small_demo, tmp_path):
     import json
 
@@ -323,6 +402,25 @@ def test_a_graph_saves_circuit_tracers_files_and_serves_them(byo, tmp_path):
             assert json.loads(answer.read())["metadata"]["slug"] == graph.slug
     finally:
         viewer.stop()
+
+
+def test_saving_a_graph_writes_the_frames_it_holds(byo, tmp_path, monkeypatch):
+    """`Graph.save` writes the node, edge and AND frames the graph built, not new ones."""
+    import pipelines.graph.export
+
+    model, tok, sae_in, sae_out, _, tables = byo
+    built = {name: _counted(monkeypatch, pipelines.graph.export, name) for name in ("node_frame", "edge_frame",
+                                                                                   "and_frame")}
+    graph = bc.attribution_graph("she was not happy", model, {LAYER: (sae_in, sae_out)}, tok,
+                                 descriptions=tables["features"])
+    graph.save(tmp_path)
+    assert {name: len(calls) for name, calls in built.items()} == {"node_frame": 1, "edge_frame": 1, "and_frame": 1}
+    for name, frame, key in (("graph_nodes", graph.nodes, ["node_id"]), ("graph_edges", graph.edges, ["source", "target"]),
+                             ("graph_and_edges", graph.and_edges, ["target", "source_a", "source_b"])):
+        written = pd.read_parquet(tmp_path / "tables" / name)[frame.columns]  # written in the table's sort order
+        assert len(frame) > 0, name
+        pd.testing.assert_frame_equal(written.sort_values(key, ignore_index=True), frame.sort_values(key, ignore_index=True),
+                                      check_dtype=False, obj=name)
 
 
 def test_the_report_and_the_explorer_from_python(small_demo, tmp_path):

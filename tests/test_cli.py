@@ -88,6 +88,18 @@ def test_rerun_keeps_finished_stages(run, capsys):
     assert verdicts.stat().st_mtime_ns == before
 
 
+def test_a_stage_command_plans_its_layers_once(run, monkeypatch, capsys):
+    """The plan (which SAEs each layer reads: named ones are loaded to read their hooks) is made
+    once per command, before the corpus is tokenized, and handed to the stage."""
+    import pipelines.jobs
+
+    calls, real = [], pipelines.jobs.plan_layers
+    monkeypatch.setattr(pipelines.jobs, "plan_layers", lambda *args, **kwargs: calls.append(args) or real(*args, **kwargs))
+    assert main(["circuits", "--out", str(run), *CIRCUITS]) == 0
+    assert "none, all up to date" in capsys.readouterr().out
+    assert len(calls) == 1
+
+
 def _verdict_files(run: Path) -> dict[str, Path]:
     """The verdicts stage's table files for the run's resid_mid input SAEs."""
     return {str(p.relative_to(run / "tables")): p for name in VERDICT_TABLES

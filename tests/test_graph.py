@@ -96,7 +96,7 @@ def test_target_option_and_bad_input(run, tmp_path, capsys):
     for args, message in [
         (["--prompt", "   "], "--prompt is empty"),
         (["--prompt", "she was " * 80], "more than the model's context of 64"),
-        (["--prompt", "she was not", "--target", "zzqqxx unicorn"], "is not a token of the vocabulary"),
+        (["--prompt", "she was not", "--target", "zzqqxx unicorn"], "--target 'zzqqxx unicorn' is not a token of the vocabulary"),
         (["--prompt", "she was not", "--node-threshold", "1.5"], "node_threshold"),
     ]:
         assert main(["graph", *base, *args]) == 2

@@ -115,6 +115,17 @@ def target_id(target: str, tokenizer, name: str = "target") -> int:
     raise ValueError(f"{name} {target!r} is not a token of the vocabulary (it splits into {pieces})")
 
 
+def check_graph_request(prompts: list[str], where: list[str], tokenizer, cfg: GraphConfig, n_ctx: int,
+                        truncate: bool = False, target_name: str = "config.target") -> None:
+    """The usage errors of graphs to build, before any work, for every caller (the command, the
+    demo, the Python API): each prompt (`encode_prompt`, named by its entry of `where`) and the
+    target of `cfg` (`target_id`, named `target_name`)."""
+    if cfg.target is not None:
+        target_id(cfg.target, tokenizer, name=target_name)
+    for prompt, source in zip(prompts, where, strict=True):
+        encode_prompt(prompt, tokenizer, n_ctx, truncate, name=source)
+
+
 def load_layer_saes(run: RunPaths, inputs: ModelInputs, plan: dict[int, LayerPlan]) -> dict[int, LayerSAETensors]:
     """The SAEs of every planned layer that has both sides (the run's, or the named ones of one
     layer), checked to read this model's layer and site; float64."""

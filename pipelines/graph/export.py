@@ -99,7 +99,21 @@ def and_frame(pg: PromptGraph, nodes: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def graph_json(pg: PromptGraph, nodes: pd.DataFrame, edges: pd.DataFrame) -> dict:
+def feature_rows(features: pd.DataFrame | None) -> dict[tuple[int, str, int], dict]:
+    """Each row of a `features` table (None: none) by its (layer, site, latent)."""
+    if features is None:
+        return {}
+    return {(int(r["layer"]), r["site"], int(r["feature"])): r for r in features.to_dict("records")}
+
+
+def graph_frames(pg: PromptGraph, rows: dict[tuple[int, str, int], dict]) -> tuple[pd.DataFrame, ...]:
+    """The graph's three tables, `(nodes, edges, ands)`: `node_frame` labelled with the
+    descriptions of `rows` (`feature_rows`), `edge_frame` and `and_frame`."""
+    nodes = node_frame(pg, {key: r["description"] for key, r in rows.items()})
+    return nodes, edge_frame(pg, nodes), and_frame(pg, nodes)
+
+
+def graph_json(pg: PromptGraph, nodes: pd.DataFrame, edges: pd.DataFrame, ands: pd.DataFrame) -> dict:
     """The graph in circuit-tracer's schema (`circuit_tracer.frontend.graph_models.Model`), its
     nodes the kept ones, plus our AND hyperedges among them under `and_edges` (ignored by the viewer)."""
     kept = nodes[nodes["kept"]]
@@ -121,7 +135,6 @@ def graph_json(pg: PromptGraph, nodes: pd.DataFrame, edges: pd.DataFrame) -> dic
             node.update(feature=-1, feature_type="mlp reconstruction error", jsNodeId=f"{r.viewer_row}_{r.pos}-0")
         out.append(node)
     keep = set(kept["node_id"])
-    ands = and_frame(pg, nodes)
     ands = ands[ands["target"].isin(keep) & ands["source_a"].isin(keep) & ands["source_b"].isin(keep)]
     return {
         "metadata": {"slug": pg.slug, "scan": SCAN, "transcoder_list": [],
@@ -166,20 +179,16 @@ def _strings(value) -> list[str]:
     return [] if value is None else [str(v) for v in value]
 
 
-def write_graph(pg: PromptGraph, run: RunPaths, features: pd.DataFrame | None) -> Path:
+def write_graph(pg: PromptGraph, run: RunPaths, features: pd.DataFrame | None,
+                frames: tuple[pd.DataFrame, ...] | None = None) -> Path:
     """Write the JSON under `run.graphs`, the feature files of its kept features, update
-    `graph-metadata.json`, and write the Parquet tables (part = the prompt's slug). Returns the
+    `graph-metadata.json`, and write the Parquet tables (part = the prompt's slug). `frames`:
+    the graph's `graph_frames` from `features` where the caller holds them already. Returns the
     JSON's path."""
     folder = run.graphs
-    descriptions, rows = {}, {}
-    if features is not None and len(features):
-        for r in features.to_dict("records"):
-            key = (int(r["layer"]), r["site"], int(r["feature"]))
-            descriptions[key] = r["description"]
-            rows[key] = r
-    nodes = node_frame(pg, descriptions)
-    edges = edge_frame(pg, nodes)
-    data = graph_json(pg, nodes, edges)
+    rows = feature_rows(features)
+    nodes, edges, ands = frames if frames is not None else graph_frames(pg, rows)
+    data = graph_json(pg, nodes, edges, ands)
     path = write_json(folder / f"{pg.slug}.json", data)
     for r in nodes[nodes["kept"] & nodes["kind"].isin(["input", "output"])].itertuples():
         key = (int(r.layer), r.site, int(r.feature))
@@ -189,7 +198,7 @@ def write_graph(pg: PromptGraph, run: RunPaths, features: pd.DataFrame | None) -
     add_metadata(run.graph_index, data["metadata"])
     write(nodes, run.tables, "graph_nodes", part=pg.slug)
     write(edges, run.tables, "graph_edges", part=pg.slug)
-    write(and_frame(pg, nodes), run.tables, "graph_and_edges", part=pg.slug)
+    write(ands, run.tables, "graph_and_edges", part=pg.slug)
     return path
 
 

@@ -8,8 +8,8 @@ from tqdm.auto import tqdm
 from circuits.attribution import INPUT, INPUT_ERROR, LOGIT, OUTPUT, TOKEN, strongest_path
 from circuits.sites import OUTPUT_SITE
 from pipelines.engine.paths import RunPaths
-from pipelines.graph.build import (PromptGraph, build_graph, encode_prompt, float64_copy, graph_name,
-                                   load_layer_saes, target_id)
+from pipelines.graph.build import (PromptGraph, build_graph, check_graph_request, float64_copy, graph_name,
+                                   load_layer_saes)
 from pipelines.graph.export import write_graph
 from pipelines.inputs import ModelInputs, check_features_describe
 from pipelines.schemas import read
@@ -20,20 +20,17 @@ def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], lay
     """Build and write the graph of each prompt under `run.graphs` and `run.tables`. `job` is a
     `GraphJob`; with `layer`, only that layer's SAEs are nodes (explicit ones, --sae-in/--sae-out,
     or the run's own), the other layers' MLPs error nodes. `where` names each prompt's source in
-    errors (`read_prompts`). Every prompt and the SAEs' labels are checked before any graph
-    is written."""
+    errors (`read_prompts`). Every prompt, the target (named `--target`) and the SAEs and
+    their labels are checked before any graph is written."""
     cfg = job.graph
+    if where is None:
+        where = ["--prompt"] if len(prompts) == 1 else [f"prompt {i} of {len(prompts)}" for i in range(1, len(prompts) + 1)]
+    check_graph_request(prompts, where, inputs.tokenizer, cfg, inputs.config.n_ctx, target_name="--target")
     plan = job.plan(run, inputs, _layers(run, inputs, job, layer))
     saes = load_layer_saes(run, inputs, plan)
     for mine in plan.values():
         if mine.layer in saes:
             check_features_describe(run, mine)
-    if cfg.target is not None:  # a bad target is a usage error before any work
-        target_id(cfg.target, inputs.tokenizer)
-    if where is None:
-        where = ["--prompt"] if len(prompts) == 1 else [f"prompt {i} of {len(prompts)}" for i in range(1, len(prompts) + 1)]
-    for prompt, source in zip(prompts, where):
-        encode_prompt(prompt, inputs.tokenizer, inputs.config.n_ctx, name=source)
     model = float64_copy(inputs.model)
     features = read(run.tables, "features")
     done = []
