@@ -16,7 +16,11 @@ get scaled values when a field is left at None (see `resolve`):
 - the schedule holds lr and then decays it by a cosine over the last fifth of the steps
   (`decay_fraction` 0.2) to 0: on the same benchmark this beat a cosine over the whole run
   at every rate, size and budget tried; a warm-up, an end above 0 and sae-lens's aux-k
-  coefficient (1 instead of 1/32) did not help there.
+  coefficient (1 instead of 1/32) did not help there;
+- a latent counts as dead for the aux-k loss after a sixteenth of the run's tokens without
+  firing, at most 1M (OpenAI's TopK paper uses 10M in far longer runs): with a fixed 1M the
+  loss never acted in runs as short as the demo's, where the higher rate leaves a few
+  latents silent at the end; the shorter window revived them at the same NMSE.
 
 Tokens are not scaled automatically: pass what the corpus and the machine allow (the paper's
 150M is about 73k tokens per latent). Memory is bounded by the shuffle buffer,
@@ -41,6 +45,11 @@ def default_lr(d_in: int, d_sae: int, steps: int) -> float:
     return 1e-4 * math.sqrt(512 * 2048 / (d_in * d_sae) * max(1.0, PAPER_STEPS / max(1, steps)))
 
 
+def default_dead_after(train_tokens: int) -> int:
+    """The dead-latent window (module docstring): a sixteenth of the run, at most 1M tokens."""
+    return max(1, min(1_000_000, train_tokens // 16))
+
+
 @dataclass(frozen=True)
 class SAETrainConfig(Config):
     """One TopK SAE's training recipe; the same recipe serves every (layer, site)."""
@@ -59,7 +68,8 @@ class SAETrainConfig(Config):
     lr_end_fraction: float = option(0.0, "the schedule ends at lr times this", low=0.0, high=1.0)
     weight_decay: float = option(0.0, "AdamW's decoupled weight decay (the paper names none)", low=0.0)
     aux_k_coefficient: float = option(1 / 32, "weight of the aux-k loss that revives dead latents", low=0.0)
-    dead_after_tokens: int = option(1_000_000, "a latent silent for this many tokens counts as dead for the aux-k loss", low=1)
+    dead_after_tokens: int | None = option(None, "a latent silent for this many tokens counts as dead for the aux-k loss "
+                                           "(default: a sixteenth of train_tokens, at most 1M)", low=1)
     buffer_tokens: int = option(262_144, "shuffle buffer per (layer, site), in tokens: bounds memory", low=2)
     eval_rows: int = option(64, "held-out rows the metrics (NMSE, L0, dead, loss added) are measured on", low=1)
     seed: int = seed_option("seeds the SAE initialisation and the order of the data")
@@ -89,7 +99,9 @@ class SAETrainConfig(Config):
                              f"(d_sae or expansion {self.expansion} x d_model {d_in})")
         steps = max(1, self.train_steps)
         lr = self.lr if self.lr is not None else default_lr(d_in, d_sae, steps)
-        return self.replace(d_sae=d_sae, k=k, lr=lr, autocast=resolve_precision(self.autocast, device))
+        dead = self.dead_after_tokens if self.dead_after_tokens is not None else default_dead_after(self.train_tokens)
+        return self.replace(d_sae=d_sae, k=k, lr=lr, dead_after_tokens=dead,
+                            autocast=resolve_precision(self.autocast, device))
 
     @property
     def warmup_steps(self) -> int:

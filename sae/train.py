@@ -93,7 +93,7 @@ class TensorBatches:
 def new_trainer(d_in: int, cfg: SAETrainConfig, device: str = "cpu", seed: int | None = None) -> TopKTrainer:
     """A fresh SAE of `cfg`'s recipe (resolved) for inputs of width `d_in` and its trainer;
     `seed` draws the SAE (default: `cfg.seed`)."""
-    if cfg.k is None or cfg.lr is None or cfg.d_sae is None:
+    if cfg.k is None or cfg.lr is None or cfg.d_sae is None or cfg.dead_after_tokens is None:
         raise ValueError("resolve the config first: SAETrainConfig.resolve(d_in)")
     sae = TopKAutoencoder(d_in, cfg.d_sae, cfg.k, device=device, seed=cfg.seed if seed is None else seed)
     return TopKTrainer(

@@ -146,6 +146,10 @@ def test_recipe_scales_defaults_and_round_trips_through_json():
     short = SAETrainConfig(train_tokens=150_000_000 // 100).resolve(512)
     assert short.lr == pytest.approx(1e-3, rel=0.01)
     assert SAETrainConfig.from_json(json.loads(json.dumps(small.to_json()))) == small
+    # the dead-latent window: the paper-length run keeps 1M tokens, the demo's 1M-token run a sixteenth
+    assert paper.dead_after_tokens == 1_000_000
+    assert SAETrainConfig(train_tokens=1_000_000).resolve(128).dead_after_tokens == 62_500
+    assert SAETrainConfig(train_tokens=1_000_000, dead_after_tokens=5_000).resolve(128).dead_after_tokens == 5_000
 
 
 def test_the_resolved_recipe_says_which_precision_the_stream_runs_in(monkeypatch):
