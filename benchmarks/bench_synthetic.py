@@ -236,18 +236,22 @@ def _run_job(job: dict) -> dict:
 
 def rule_variants(config: str, tokens: int) -> list[tuple[str, dict]]:
     """The defaults' neighbours, one setting changed at a time: the rule's learning rate
-    halved and doubled, a cosine over the whole run, an end fraction of 0.1, dead-latent
-    windows of 64k and 256k tokens, and sae-lens's aux-k coefficient 1; and the previous
-    defaults (`1e-4 * sqrt(512 / d_in) * sqrt(PAPER_STEPS / steps)`, a cosine over the whole run)."""
+    halved and doubled, a cosine over the whole run, an end fraction of 0.1, fixed dead-latent
+    windows of 64k, 256k and 1M tokens (the default, a sixteenth of the run, is about the
+    first at 1M tokens and the second at 4M), and sae-lens's aux-k coefficient 1; and the
+    previous defaults (`1e-4 * sqrt(512 / d_in) * sqrt(PAPER_STEPS / steps)`, a cosine over
+    the whole run, a 1M-token window)."""
     from sae.config import PAPER_STEPS, default_lr
 
     spec = CONFIGS[config]
     steps = tokens // BATCH
     rule = default_lr(spec.hidden_dim, spec.d_sae, steps)
     previous = 1e-4 * math.sqrt(512 / spec.hidden_dim * max(1.0, PAPER_STEPS / steps))
-    return [("previous defaults", {"lr": previous, "decay_fraction": 1.0}), ("rule x0.5", {"lr": rule / 2}), ("rule x2", {"lr": rule * 2}), ("cos", {"decay_fraction": 1.0}),
+    return [("previous defaults", {"lr": previous, "decay_fraction": 1.0, "dead_after_tokens": 1_000_000}),
+            ("rule x0.5", {"lr": rule / 2}), ("rule x2", {"lr": rule * 2}), ("cos", {"decay_fraction": 1.0}),
             ("end 0.1", {"lr_end_fraction": 0.1}), ("dead 64k", {"dead_after_tokens": 65_536}),
-            ("dead 256k", {"dead_after_tokens": 262_144}), ("aux 1", {"aux_k_coefficient": 1.0})]
+            ("dead 256k", {"dead_after_tokens": 262_144}), ("dead 1M", {"dead_after_tokens": 1_000_000}),
+            ("aux 1", {"aux_k_coefficient": 1.0})]
 
 
 def jobs(configs: list[str], seeds: list[int], budgets: list[int], grid: str, data: Path) -> list[dict]:

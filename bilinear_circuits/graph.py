@@ -30,6 +30,10 @@ class Graph:
         self._built = built
         self._descriptions = descriptions
         nodes, edges, ands = graph_frames(built, feature_rows(descriptions))
+        # `save` writes these, not the public frames a notebook may filter or extend in place:
+        # the written tables must match the feature files written beside them
+        self._frames = (nodes, edges, ands)
+        nodes, edges, ands = nodes.copy(), edges.copy(), ands.copy()
         self.nodes: pd.DataFrame = nodes
         """Every node of the unpruned graph (the `graph_nodes` table's columns)."""
         self.edges: pd.DataFrame = edges
@@ -92,12 +96,12 @@ class Graph:
     def save(self, folder: str | Path) -> Path:
         """Write circuit-tracer's files under `folder/graphs/` (the graph's JSON, the feature
         files, `graph-metadata.json`) and the graph tables under `folder/tables/`, as the
-        `graph` command does for a run folder, from the frames the graph holds; returns the
-        JSON's path."""
+        `graph` command does for a run folder, from the frames the graph was built with (edits
+        to `nodes`, `edges` or `and_edges` are not saved); returns the JSON's path."""
         from pipelines.engine.paths import RunPaths
         from pipelines.graph.export import write_graph
 
-        return write_graph(self._built, RunPaths(folder), self._descriptions, (self.nodes, self.edges, self.and_edges))
+        return write_graph(self._built, RunPaths(folder), self._descriptions, self._frames)
 
     def serve(self, folder: str | Path, port: int = 0) -> "Viewer":
         """Save the graph under `folder` and serve `folder/graphs/` in circuit-tracer's viewer on

@@ -22,8 +22,9 @@ the rest of the input) and no cross block. Two readings, both here:
 
 The split is made once, here: `part_gram` gives the form's Gram matrix of any parts of the
 input and `split_parts` reads the four parts off the Gram matrix of `(x_A, x_B, x_rest)`. The
-gate interventions (`circuits.gates.interventions`, one output per token) and the model-run
-confirmation (`pipelines.analysis.ablation`, five parts) use the same two.
+gate interventions (`circuits.gates.interventions`, one output per token) use both; the
+model-run confirmation (`pipelines.analysis.ablation`) reads each of its five parts' share as a
+row sum of `part_gram`.
 """
 
 from __future__ import annotations

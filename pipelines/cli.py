@@ -248,7 +248,7 @@ def cmd_graph(args: argparse.Namespace):
         runtime = _runtime(args)
         inputs = ModelInputs(Path(args.model or run.lm), runtime.device)
         with runtime.torch_threads():
-            graphs = make_graphs(run, inputs, job, prompts, args.layer, where=where)
+            graphs = make_graphs(run, inputs, job, prompts, args.layer, where=where, target_name="--target")
         for pg in graphs:
             print("\n".join(describe(pg)))
         print(f"graphs in {run.graphs}; tables graph_nodes, graph_edges, graph_and_edges in {run.tables}")

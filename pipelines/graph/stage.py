@@ -16,16 +16,17 @@ from pipelines.schemas import read
 
 
 def make_graphs(run: RunPaths, inputs: ModelInputs, job, prompts: list[str], layer: int | None = None,
-                progress: bool = True, where: list[str] | None = None) -> list[PromptGraph]:
+                progress: bool = True, where: list[str] | None = None,
+                target_name: str = "config.target") -> list[PromptGraph]:
     """Build and write the graph of each prompt under `run.graphs` and `run.tables`. `job` is a
     `GraphJob`; with `layer`, only that layer's SAEs are nodes (explicit ones, --sae-in/--sae-out,
     or the run's own), the other layers' MLPs error nodes. `where` names each prompt's source in
-    errors (`read_prompts`). Every prompt, the target (named `--target`) and the SAEs and
-    their labels are checked before any graph is written."""
+    errors (`read_prompts`), and `target_name` the target (the CLI's `--target`). Every prompt,
+    the target and the SAEs and their labels are checked before any graph is written."""
     cfg = job.graph
     if where is None:
         where = ["--prompt"] if len(prompts) == 1 else [f"prompt {i} of {len(prompts)}" for i in range(1, len(prompts) + 1)]
-    check_graph_request(prompts, where, inputs.tokenizer, cfg, inputs.config.n_ctx, target_name="--target")
+    check_graph_request(prompts, where, inputs.tokenizer, cfg, inputs.config.n_ctx, target_name=target_name)
     plan = job.plan(run, inputs, _layers(run, inputs, job, layer))
     saes = load_layer_saes(run, inputs, plan)
     for mine in plan.values():
