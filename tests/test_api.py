@@ -405,7 +405,8 @@ def test_a_graph_saves_circuit_tracers_files_and_serves_them(byo, tmp_path):
 
 
 def test_saving_a_graph_writes_the_frames_it_holds(byo, tmp_path, monkeypatch):
-    """`Graph.save` writes the node, edge and AND frames the graph built, not new ones."""
+    """`Graph.save` writes the node, edge and AND frames the graph built, not new ones, and not
+    what a notebook did to the public frames since."""
     import pipelines.graph.export
 
     model, tok, sae_in, sae_out, _, tables = byo
@@ -413,7 +414,13 @@ def test_saving_a_graph_writes_the_frames_it_holds(byo, tmp_path, monkeypatch):
                                                                                    "and_frame")}
     graph = bc.attribution_graph("she was not happy", model, {LAYER: (sae_in, sae_out)}, tok,
                                  descriptions=tables["features"])
+    kept = graph.nodes.copy()
+    graph.nodes.drop(graph.nodes.index[1:], inplace=True)  # a notebook's edit: not what the graph saves
+    graph.nodes = kept
+    edited = graph.edges
+    graph.edges = graph.edges.iloc[:0]
     graph.save(tmp_path)
+    graph.edges = edited
     assert {name: len(calls) for name, calls in built.items()} == {"node_frame": 1, "edge_frame": 1, "and_frame": 1}
     for name, frame, key in (("graph_nodes", graph.nodes, ["node_id"]), ("graph_edges", graph.edges, ["source", "target"]),
                              ("graph_and_edges", graph.and_edges, ["target", "source_a", "source_b"])):
