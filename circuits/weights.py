@@ -142,14 +142,14 @@ def top_k_indices(x: torch.Tensor, k: int) -> torch.Tensor:
 
     On a CPU, float32 and float64 rows with k up to `KERNEL_MAX_K` and at least
     `KERNEL_MIN_ROW_PER_K` entries per selected one go through one compiled
-    pass per row (`circuits.row_top_k`); the rows it cannot answer as torch would (a tie at
+    pass per row (`circuits.cpu_kernels.row_top_k`); the rows it cannot answer as torch would (a tie at
     the k-th value, about one row in a million in the demo's SAE training, or a NaN) are
     ranked by torch. Elsewhere torch ranks every row.
     """
     n = x.shape[-1]
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not 1 <= k <= min(KERNEL_MAX_K, n // KERNEL_MIN_ROW_PER_K):
         return x.topk(k, dim=-1, sorted=False).indices
-    from circuits.row_top_k import row_top_k
+    from circuits.cpu_kernels import row_top_k
 
     rows = x.detach().reshape(-1, n).contiguous()
     found = torch.empty(len(rows), k, dtype=torch.long)

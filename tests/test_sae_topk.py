@@ -12,7 +12,8 @@ from sae_lens.saes.sae import TrainStepInput
 from sae_lens.training.optim import get_lr_scheduler
 
 from circuits.weights import top_k_indices
-from sae.topk import TopKAutoencoder, TopKTrainer, _latent_by_token, cosine_lr, save_sae_lens, training_losses
+from sae.topk import (TopKAutoencoder, TopKTrainer, _latent_by_token, _scatter_rows, cosine_lr, save_sae_lens,
+                      training_losses)
 
 PARAMS = ("W_enc", "W_dec", "b_dec")
 
@@ -90,14 +91,21 @@ def test_sparse_gradients_equal_dense_autograd(k, dtype):
     assert torch.equal(indices, indices.sort(dim=1).values)
 
 
-@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr])
-def test_both_sparse_layouts_scatter_rows_alike(layout):
-    """COO serves CPUs, CSR accelerators; both are checked here on the CPU."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_scattered_rows_are_the_dense_product(dtype):
+    """The compiled loop (CPUs) and the CSR product (accelerators, checked here in float64)
+    both give the dense product of the latent-by-token matrix with the rows, a latent chosen by
+    many tokens and one by none included."""
     g = torch.Generator().manual_seed(8)
-    indices = torch.randn(30, 20, generator=g).topk(5, dim=1).indices
-    weights, rows = torch.randn(30, 5, generator=g), torch.randn(30, 7, generator=g)
-    expected = torch.zeros(20, 30).scatter(0, indices.T, weights.T) @ rows
-    torch.testing.assert_close(torch.sparse.mm(_latent_by_token(indices, weights, 20, layout), rows), expected)
+    indices = torch.randn(30, 19, generator=g).topk(5, dim=1).indices  # latent 19: chosen by none
+    indices[~(indices == 3).any(1), 0] = 3  # every token writes latent 3, still once per row
+    weights, rows = torch.randn(30, 5, generator=g, dtype=dtype), torch.randn(30, 7, generator=g, dtype=dtype)
+    expected = torch.zeros(20, 30, dtype=torch.float64).scatter(0, indices.T, weights.T.double()) @ rows.double()
+    found = _scatter_rows(indices, weights, rows, 20)
+    assert found.dtype == dtype
+    torch.testing.assert_close(found, expected.to(dtype))
+    csr = torch.sparse.mm(_latent_by_token(indices, weights.double(), 20), rows.double())
+    torch.testing.assert_close(csr, expected)
 
 
 @pytest.mark.parametrize("dead_share", [0.1, 0.6])  # fewer and more dead latents than k_aux

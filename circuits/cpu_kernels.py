@@ -1,13 +1,16 @@
-"""The k largest entries of each row on a CPU, compiled by numba.
+"""Loops that torch runs slowly on a CPU, compiled by numba: each touches every entry once.
 
-torch's CPU `topk` copies every row and partitions it, which costs several times a single
-pass over the row: at an SAE's training batch it took more of a step than the encoder's
-matrix product (`benchmarks/bench_topk.py` measures both). One pass that keeps the k largest
-values seen so far in a small sorted buffer touches each entry once, and an entry smaller
-than the buffer's least (almost all of them) costs one comparison.
+- `row_top_k`: the k largest entries of each row. torch's CPU `topk` copies every row and
+  partitions it, which costs several times a single pass: at an SAE's training batch it took
+  more of a step than the encoder's matrix product (`benchmarks/bench_topk.py` measures both).
+  One pass keeps the k largest values seen so far in a small sorted buffer; an entry smaller
+  than the buffer's least (almost all of them) costs one comparison.
+- `scatter_rows`: weighted rows added into chosen rows of an output, the sparse products of
+  the SAE step's backward. torch's sparse product first sorts the nonzeros and then sums them;
+  the loop adds each weighted row in place (`benchmarks/bench_sae_step.py` times the step).
 
-Imported only where a CPU selection needs it: numba takes a moment to import, and compiles
-the kernel on its first call (then reads it from its on-disk cache).
+Imported only where a CPU computation needs it: numba takes a moment to import, and compiles a
+kernel on its first call (then reads it from its on-disk cache).
 """
 
 from __future__ import annotations
@@ -61,3 +64,20 @@ def row_top_k(x: np.ndarray, k: int, out: np.ndarray, unsure: np.ndarray) -> Non
             least = best[k - 1]
         unsure[r] = nan or dropped == least
         out[r, :] = where
+
+
+@numba.njit(cache=True, nogil=True)
+def scatter_rows(indices: np.ndarray, weights: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """`out[indices[b, j]] += weights[b, j] * rows[b]` for every (b, j), in order of b then j.
+
+    indices `[batch, m]` (int64), weights `[batch, m]`, rows `[batch, d]`, out `[n_out, d]`
+    (zeros to get the plain sum), one float dtype for the last three.
+    """
+    batch, m = indices.shape
+    for b in range(batch):
+        row = rows[b]
+        for j in range(m):
+            target = out[indices[b, j]]
+            weight = weights[b, j]
+            for c in range(row.shape[0]):
+                target[c] += weight * row[c]
