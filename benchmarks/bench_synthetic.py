@@ -399,6 +399,13 @@ def main() -> None:
         rows = [row for row in rows if "error" not in row]
         write_tables(rows, out)
         return
+    todo = jobs(args.configs, args.seeds, args.budgets, args.grid, args.data)
+    if args.labels:
+        unknown = sorted(set(args.labels) - {job["label"] for job in todo})
+        if unknown:
+            parser.error(f"--labels: no recipe of --grid {args.grid} is labelled {', '.join(map(repr, unknown))}; "
+                         f"its labels are {', '.join(sorted({job['label'] for job in todo}))}")
+        todo = [job for job in todo if job["label"] in args.labels]
     args.data.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     cells = [(config, seed, max(args.budgets), args.data, args.data_device)
@@ -406,9 +413,6 @@ def main() -> None:
     with get_context("spawn").Pool(min(len(cells), args.processes)) as pool:
         pool.starmap(generate, cells)
     print(f"data: {time.perf_counter() - started:.1f} s", flush=True)
-    todo = jobs(args.configs, args.seeds, args.budgets, args.grid, args.data)
-    if args.labels:
-        todo = [job for job in todo if job["label"] in args.labels]
     # longest first, so the pool does not wait on one long SAE at the end
     todo.sort(key=lambda j: -j["tokens"] * CONFIGS[j["config"]].d_sae * (3 if j["trainer"] == "sae-lens" else 1))
     rows = []

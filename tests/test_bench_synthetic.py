@@ -98,3 +98,15 @@ def test_both_trainers_are_scored_and_the_tables_are_recorded_with_their_command
     [check] = summary["checks"]
     assert (check["ours_mcc"], check["sae_lens_best_mcc"]) == (rows[0]["mcc"], rows[1]["mcc"])
     assert check["cpu_ratio"] == pytest.approx(rows[1]["cpu_s_per_token"] / rows[0]["cpu_s_per_token"])
+
+
+def test_an_unknown_label_is_refused_before_any_data_is_made(tmp_path, monkeypatch, capsys):
+    """--labels that name no recipe of the grid stop the run, naming the flag and the labels there are."""
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench_synthetic.py", "--configs", "tiny", "--grid", "rule",
+                                      "--labels", "defaults", "dead 2M", "--data", str(tmp_path / "data"),
+                                      "--output", "-"])
+    with pytest.raises(SystemExit):
+        bench.main()
+    error = capsys.readouterr().err
+    assert "--labels" in error and "'dead 2M'" in error and "previous defaults" in error
+    assert not (tmp_path / "data").exists()
