@@ -147,7 +147,8 @@ def top_k_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     ranked by torch. Elsewhere torch ranks every row.
     """
     n = x.shape[-1]
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or not 1 <= k <= min(KERNEL_MAX_K, n // KERNEL_MIN_ROW_PER_K):
+    kernel = x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+    if not kernel or not 1 <= k <= min(KERNEL_MAX_K, n // KERNEL_MIN_ROW_PER_K):
         return x.topk(k, dim=-1, sorted=False).indices
     from circuits.cpu_kernels import row_top_k
 
